@@ -1,0 +1,265 @@
+//! The server's Prometheus metrics, with upstream's names, labels, buckets and HELP text, so
+//! existing dashboards and alerts keep working. Registered in a registry of our own (not the
+//! process-global one) so tests can run many servers in one process.
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+const NAMESPACE: &str = "konnectivity_network_proxy";
+const SUBSYSTEM: &str = "server";
+const LATENCY_BUCKETS: &[f64] = &[1e-6, 1e-5, 1e-4, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
+const CONNECTION_DURATION_BUCKETS: &[f64] = &[
+    1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 43200.0, 86400.0,
+];
+
+/// Why a dial failed: the `reason` label of `dial_failure_count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DialFailure {
+    NoAgent,
+    ErrorResponse,
+    UnrecognizedResponse,
+    SendRsp,
+    BackendClose,
+    BackendDialTimeout,
+    FrontendClose,
+}
+
+impl DialFailure {
+    fn label(self) -> &'static str {
+        match self {
+            DialFailure::NoAgent => "no_agent",
+            DialFailure::ErrorResponse => "error_response",
+            DialFailure::UnrecognizedResponse => "unrecognized_response",
+            DialFailure::SendRsp => "send_rsp",
+            DialFailure::BackendClose => "backend_close",
+            DialFailure::BackendDialTimeout => "backend_dial_timeout",
+            DialFailure::FrontendClose => "frontend_close",
+        }
+    }
+}
+
+/// Which hop a packet crossed: the `segment` label.
+#[derive(Clone, Copy, Debug)]
+pub enum Segment {
+    FromClient,
+    ToClient,
+    FromAgent,
+    ToAgent,
+}
+
+impl Segment {
+    fn label(self) -> &'static str {
+        match self {
+            Segment::FromClient => "from_client",
+            Segment::ToClient => "to_client",
+            Segment::FromAgent => "from_agent",
+            Segment::ToAgent => "to_agent",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub dial_duration: Histogram,
+    pub frontend_write_duration: Histogram,
+    pub connection_duration: Histogram,
+    pub grpc_connections: IntGaugeVec,
+    pub http_connections: IntGauge,
+    pub ready_backend_connections: IntGauge,
+    pub ready_backends: IntGaugeVec,
+    pub pending_backend_dials: IntGauge,
+    pub established_connections: IntGauge,
+    pub full_receive_channels: IntGaugeVec,
+    pub full_frontend_write_queues: IntGauge,
+    pub blocked_frontend_write_channels: IntGauge,
+    dial_failure_count: IntCounterVec,
+    stream_packets: IntCounterVec,
+    stream_errors: IntCounterVec,
+    /// Beyond upstream: tunnels closed because their frontend could not keep up.
+    pub frontend_queue_overflows: prometheus::IntCounter,
+    /// Beyond upstream: payload bytes relayed, by direction.
+    relayed_bytes: IntCounterVec,
+    /// Beyond upstream: always 1, labelled with our version, so dashboards can tell builds apart.
+    pub build_info: Gauge,
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help)
+        .namespace(NAMESPACE)
+        .subsystem(SUBSYSTEM)
+}
+
+fn histogram(name: &str, help: &str, buckets: &[f64]) -> Histogram {
+    Histogram::with_opts(
+        HistogramOpts::new(name, help)
+            .namespace(NAMESPACE)
+            .subsystem(SUBSYSTEM)
+            .buckets(buckets.to_vec()),
+    )
+    .expect("valid histogram")
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let m = Metrics {
+            dial_duration: histogram(
+                "dial_duration_seconds",
+                "Latency of dial to the remote endpoint in seconds",
+                LATENCY_BUCKETS,
+            ),
+            frontend_write_duration: histogram(
+                "frontend_write_duration_seconds",
+                "Latency of write to the frontend in seconds",
+                LATENCY_BUCKETS,
+            ),
+            connection_duration: histogram(
+                "connection_duration_seconds",
+                "Duration in seconds a proxied end-to-end connection was established (post-dial) before being closed.",
+                CONNECTION_DURATION_BUCKETS,
+            ),
+            grpc_connections: IntGaugeVec::new(
+                opts("grpc_connections", "Number of current grpc connections, partitioned by service method."),
+                &["service_method"],
+            ).unwrap(),
+            http_connections: IntGauge::with_opts(opts(
+                "http_connections",
+                "Number of current HTTP CONNECT connections",
+            )).unwrap(),
+            ready_backend_connections: IntGauge::with_opts(opts(
+                "ready_backend_connections",
+                "Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends",
+            )).unwrap(),
+            ready_backends: IntGaugeVec::new(
+                opts("ready_backends", "Number of konnectivity agent connected to the proxy server"),
+                &["proxy_strategy"],
+            ).unwrap(),
+            pending_backend_dials: IntGauge::with_opts(opts(
+                "pending_backend_dials",
+                "Current number of pending backend dial requests",
+            )).unwrap(),
+            established_connections: IntGauge::with_opts(opts(
+                "established_connections",
+                "Current number of established end-to-end connections (post-dial).",
+            )).unwrap(),
+            full_receive_channels: IntGaugeVec::new(
+                opts("full_receive_channels", "Number of current connections blocked by a full receive channel, partitioned by service method."),
+                &["service_method"],
+            ).unwrap(),
+            full_frontend_write_queues: IntGauge::with_opts(opts(
+                "full_frontend_write_queues",
+                "Number of per-connection HTTP CONNECT frontend write queues currently at capacity.",
+            )).unwrap(),
+            blocked_frontend_write_channels: IntGauge::with_opts(opts(
+                "blocked_frontend_write_channels",
+                "Number of backend receive loops currently blocked enqueueing to a full HTTP CONNECT frontend write channel.",
+            )).unwrap(),
+            dial_failure_count: IntCounterVec::new(
+                opts("dial_failure_count", "Number of dial failures observed. Multiple failures can occur for a single dial request."),
+                &["reason"],
+            ).unwrap(),
+            stream_packets: IntCounterVec::new(
+                opts("stream_packets_total", "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)"),
+                &["segment", "packet_type"],
+            ).unwrap(),
+            stream_errors: IntCounterVec::new(
+                opts("stream_errors_total", "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)"),
+                &["segment", "code", "packet_type"],
+            ).unwrap(),
+            frontend_queue_overflows: prometheus::IntCounter::with_opts(opts(
+                "frontend_queue_overflows_total",
+                "Tunnels closed because their frontend did not drain its queue within the byte or time limit.",
+            )).unwrap(),
+            relayed_bytes: IntCounterVec::new(
+                opts("relayed_bytes_total", "Payload bytes relayed between frontends and agents, by direction."),
+                &["direction"],
+            ).unwrap(),
+            build_info: Gauge::with_opts(opts(
+                "build_info",
+                "Always 1; the version label names the running konnectivity-server build.",
+            ).const_label("version", env!("CARGO_PKG_VERSION"))).unwrap(),
+            registry,
+        };
+        m.register_all();
+        m.ready_backend_connections.set(0);
+        m.build_info.set(1.0);
+        m
+    }
+
+    fn register_all(&self) {
+        let r = &self.registry;
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(self.dial_duration.clone()),
+            Box::new(self.frontend_write_duration.clone()),
+            Box::new(self.connection_duration.clone()),
+            Box::new(self.grpc_connections.clone()),
+            Box::new(self.http_connections.clone()),
+            Box::new(self.ready_backend_connections.clone()),
+            Box::new(self.ready_backends.clone()),
+            Box::new(self.pending_backend_dials.clone()),
+            Box::new(self.established_connections.clone()),
+            Box::new(self.full_receive_channels.clone()),
+            Box::new(self.full_frontend_write_queues.clone()),
+            Box::new(self.blocked_frontend_write_channels.clone()),
+            Box::new(self.dial_failure_count.clone()),
+            Box::new(self.stream_packets.clone()),
+            Box::new(self.stream_errors.clone()),
+            Box::new(self.frontend_queue_overflows.clone()),
+            Box::new(self.relayed_bytes.clone()),
+            Box::new(self.build_info.clone()),
+            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+        ];
+        for c in collectors {
+            r.register(c).expect("metric names are unique");
+        }
+    }
+
+    pub fn dial_failure(&self, reason: DialFailure) {
+        self.dial_failure_count
+            .with_label_values(&[reason.label()])
+            .inc();
+    }
+
+    pub fn dial_failures(&self, reason: DialFailure) -> u64 {
+        self.dial_failure_count
+            .with_label_values(&[reason.label()])
+            .get()
+    }
+
+    pub fn packet(&self, segment: Segment, packet_type: &str) {
+        self.stream_packets
+            .with_label_values(&[segment.label(), packet_type])
+            .inc();
+    }
+
+    pub fn stream_error(&self, segment: Segment, code: tonic::Code, packet_type: &str) {
+        let code = format!("{code:?}");
+        self.stream_errors
+            .with_label_values(&[segment.label(), &code, packet_type])
+            .inc();
+    }
+
+    pub fn relayed(&self, to_agent: bool, bytes: usize) {
+        let direction = if to_agent { "to_agent" } else { "to_frontend" };
+        self.relayed_bytes
+            .with_label_values(&[direction])
+            .inc_by(bytes as u64);
+    }
+
+    /// The classic Prometheus text exposition of every family.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding cannot fail");
+        String::from_utf8(out).expect("text exposition is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

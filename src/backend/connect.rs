@@ -1,0 +1,143 @@
+//! `/AgentService/Connect`: one long-lived stream per agent.
+
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::identifiers::AgentIdentifiers;
+use super::session::AgentSession;
+use crate::admin::metrics::Segment;
+use crate::proto::agent_service_server::AgentService;
+use crate::proto::Packet;
+use crate::server::Shared;
+use crate::tunnel::{route_from_agent, teardown_agent};
+
+/// Renders metadata values as Go prints a `[]string` with `%v`: `[a b]`.
+fn go_string_list(values: &[String]) -> String {
+    format!("[{}]", values.join(" "))
+}
+
+fn metadata_values(metadata: &MetadataMap, key: &str) -> Vec<String> {
+    metadata
+        .get_all(key)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect()
+}
+
+/// Reads `agentid` (exactly one) and `agentidentifiers` (at most one), with upstream's errors.
+pub fn read_agent_metadata(metadata: &MetadataMap) -> Result<(String, AgentIdentifiers), Status> {
+    let ids = metadata_values(metadata, "agentid");
+    if ids.len() != 1 {
+        return Err(Status::unknown(format!(
+            "expected one agent ID in the context, got {}",
+            go_string_list(&ids)
+        )));
+    }
+    let identifiers = metadata_values(metadata, "agentidentifiers");
+    if identifiers.len() > 1 {
+        return Err(Status::unknown(format!(
+            "expected at most one set of agent identifiers in the context, got {}",
+            go_string_list(&identifiers)
+        )));
+    }
+    let parsed = match identifiers.first() {
+        Some(query) => AgentIdentifiers::parse(query)
+            .map_err(|e| Status::unknown(format!("fail to parse url encoded string: {e}")))?,
+        None => AgentIdentifiers::default(),
+    };
+    Ok((ids.into_iter().next().expect("one id"), parsed))
+}
+
+pub struct AgentServer {
+    pub shared: Arc<Shared>,
+}
+
+type ConnectStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Packet, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentServer {
+    type ConnectStream = ConnectStream;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<Packet>>,
+    ) -> Result<Response<ConnectStream>, Status> {
+        let shared = &self.shared;
+        let (agent_id, identifiers) = read_agent_metadata(request.metadata())?;
+        if shared.is_draining() {
+            return Err(Status::unavailable("konnectivity-server is shutting down"));
+        }
+        let snapshot = shared.snapshot();
+        let server_id = MetadataValue::try_from(snapshot.config.server_id.as_str())
+            .map_err(|_| Status::internal("server id is not valid metadata"))?;
+        let server_count = MetadataValue::from(snapshot.config.server_count);
+
+        let (outbound_tx, outbound_rx) = mpsc::channel(snapshot.config.xfr_channel_size);
+        let retired = shared.hard_stop.child_token();
+        let session = Arc::new(AgentSession::new(
+            agent_id,
+            identifiers,
+            outbound_tx,
+            retired.clone(),
+            shared.metrics.clone(),
+        ));
+        tracing::info!(agent_id = %session.agent_id, identifiers = ?session.identifiers, "agent connected");
+        shared.registry.add(&session);
+        shared
+            .metrics
+            .grpc_connections
+            .with_label_values(&["Connect"])
+            .inc();
+        shared
+            .tasks
+            .spawn(serve_agent(shared.clone(), session, request.into_inner()));
+
+        // The stream ends when the session is retired, so the agent sees a clean end of
+        // stream and reconnects.
+        let outbound = ReceiverStream::new(outbound_rx)
+            .take_until(retired.cancelled_owned())
+            .map(Ok);
+        let mut response = Response::new(Box::pin(outbound) as ConnectStream);
+        // Sent as response headers before any packet: the agent waits for them.
+        response.metadata_mut().insert("serverid", server_id);
+        response.metadata_mut().insert("servercount", server_count);
+        Ok(response)
+    }
+}
+
+async fn serve_agent(
+    shared: Arc<Shared>,
+    session: Arc<AgentSession>,
+    mut inbound: Streaming<Packet>,
+) {
+    let metrics = &shared.metrics;
+    loop {
+        tokio::select! {
+            biased;
+            _ = session.retired.cancelled() => break,
+            message = inbound.message() => match message {
+                Ok(Some(packet)) => route_from_agent(&session, metrics, packet).await,
+                Ok(None) => break,
+                Err(status) => {
+                    metrics.stream_error(Segment::FromAgent, status.code(), "Unknown");
+                    tracing::info!(agent_id = %session.agent_id, error = %status.message(), "agent stream ended with an error");
+                    break;
+                }
+            }
+        }
+    }
+    shared.registry.remove(&session);
+    session.retired.cancel();
+    teardown_agent(&session, metrics);
+    metrics
+        .grpc_connections
+        .with_label_values(&["Connect"])
+        .dec();
+    tracing::info!(agent_id = %session.agent_id, "agent disconnected");
+}

@@ -1,0 +1,90 @@
+//! The agent side: connected agent streams, the strategies that pick one for a dial, and the
+//! `/AgentService/Connect` service.
+
+pub mod connect;
+pub mod identifiers;
+pub mod session;
+pub mod strategy;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::admin::metrics::Metrics;
+use crate::config::Strategy;
+use identifiers::remove_port_from_host;
+use session::AgentSession;
+use strategy::Storage;
+
+struct Agents {
+    storages: Vec<Storage>,
+    all: Vec<Arc<AgentSession>>,
+}
+
+/// Every connected agent stream, indexed for each configured strategy.
+pub struct Registry {
+    agents: Mutex<Agents>,
+    metrics: Arc<Metrics>,
+}
+
+impl Registry {
+    pub fn new(strategies: &[Strategy], metrics: Arc<Metrics>) -> Registry {
+        let registry = Registry {
+            agents: Mutex::new(Agents {
+                storages: strategies.iter().map(|s| Storage::new(*s)).collect(),
+                all: Vec::new(),
+            }),
+            metrics,
+        };
+        registry.update_gauges(&registry.lock());
+        registry
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Agents> {
+        self.agents.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update_gauges(&self, agents: &Agents) {
+        for storage in &agents.storages {
+            let count = storage.len() as i64;
+            self.metrics
+                .ready_backends
+                .with_label_values(&[storage.strategy.name()])
+                .set(count);
+            // Upstream lets every storage write the deprecated gauge; the last one wins.
+            self.metrics.ready_backend_connections.set(count);
+        }
+    }
+
+    pub fn add(&self, agent: &Arc<AgentSession>) {
+        let mut agents = self.lock();
+        for storage in &mut agents.storages {
+            storage.add(agent);
+        }
+        agents.all.push(agent.clone());
+        self.update_gauges(&agents);
+    }
+
+    pub fn remove(&self, agent: &Arc<AgentSession>) {
+        let mut agents = self.lock();
+        for storage in &mut agents.storages {
+            storage.remove(agent);
+        }
+        agents.all.retain(|a| !Arc::ptr_eq(a, agent));
+        self.update_gauges(&agents);
+    }
+
+    /// Picks an agent for `address` (host:port): the first strategy with a match wins.
+    pub fn pick(&self, address: &str) -> Option<Arc<AgentSession>> {
+        let agents = self.lock();
+        let dest_host = remove_port_from_host(address);
+        agents.storages.iter().find_map(|s| s.pick(&dest_host))
+    }
+
+    /// Ready when the first strategy's storage holds at least one agent, as upstream.
+    pub fn ready(&self) -> bool {
+        self.lock().storages.first().is_some_and(|s| !s.is_empty())
+    }
+
+    pub fn agents(&self) -> Vec<Arc<AgentSession>> {
+        self.lock().all.clone()
+    }
+}

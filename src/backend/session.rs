@@ -1,0 +1,278 @@
+//! One connected agent stream and the routes that use it.
+//!
+//! Every pending dial and established tunnel lives in the route table of the agent stream it
+//! was sent to, and only the methods here add or remove entries, so the gauges change in one
+//! place and a dying stream can drain exactly its own entries. Keying by stream (not by agent
+//! id) also keeps two streams with the same agent id from seeing each other's connect ids.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::identifiers::AgentIdentifiers;
+use crate::admin::metrics::{Metrics, Segment};
+use crate::proto::Packet;
+use crate::tunnel::{packet_type_name, FrontendLink};
+
+static NEXT_SESSION_UID: AtomicU64 = AtomicU64::new(1);
+
+/// The agent stream is gone; the packet was not sent.
+#[derive(Debug, thiserror::Error)]
+#[error("agent stream closed")]
+pub struct AgentGone;
+
+pub struct PendingDial {
+    pub link: Arc<FrontendLink>,
+    pub started: Instant,
+}
+
+pub struct Established {
+    pub link: Arc<FrontendLink>,
+    pub since: Instant,
+}
+
+#[derive(Default)]
+struct Routes {
+    pending: HashMap<i64, PendingDial>,
+    established: HashMap<i64, Established>,
+    /// Set by teardown: nothing may be added afterwards, so nothing can leak past it.
+    closed: bool,
+}
+
+/// Why a pending dial could not be recorded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AddPendingError {
+    AgentGone,
+    DuplicateDialId,
+}
+
+/// The result of matching a successful DIAL_RSP.
+pub enum Establish {
+    /// No pending dial with that id (cancelled, timed out, or never sent).
+    Unknown,
+    /// The agent reused a connect id that is still live on this stream.
+    DuplicateConnectId(PendingDial),
+    Established {
+        link: Arc<FrontendLink>,
+        started: Instant,
+    },
+}
+
+/// What a frontend's cleanup found of its own entry.
+pub enum Released {
+    Nothing,
+    Pending(i64),
+    Established(i64),
+}
+
+pub struct AgentSession {
+    pub uid: u64,
+    pub agent_id: String,
+    pub identifiers: AgentIdentifiers,
+    pub connected_at: Instant,
+    outbound: mpsc::Sender<Packet>,
+    draining: AtomicBool,
+    /// Cancelled to end this agent's stream (server stop, or a retired backend).
+    pub retired: CancellationToken,
+    routes: Mutex<Routes>,
+    metrics: Arc<Metrics>,
+}
+
+impl AgentSession {
+    pub fn new(
+        agent_id: String,
+        identifiers: AgentIdentifiers,
+        outbound: mpsc::Sender<Packet>,
+        retired: CancellationToken,
+        metrics: Arc<Metrics>,
+    ) -> AgentSession {
+        AgentSession {
+            uid: NEXT_SESSION_UID.fetch_add(1, Ordering::Relaxed),
+            agent_id,
+            identifiers,
+            connected_at: Instant::now(),
+            outbound,
+            draining: AtomicBool::new(false),
+            retired,
+            routes: Mutex::new(Routes::default()),
+            metrics,
+        }
+    }
+
+    fn routes(&self) -> MutexGuard<'_, Routes> {
+        // A panic while holding this lock cannot leave the maps half-updated (every update is a
+        // single insert or remove), so a poisoned lock is still safe to use.
+        self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Sends a packet to the agent, waiting for room in its queue.
+    pub async fn send(&self, packet: Packet) -> Result<(), AgentGone> {
+        let kind = packet_type_name(packet.r#type);
+        if let Some(crate::proto::packet::Payload::Data(d)) = &packet.payload {
+            self.metrics.relayed(true, d.data.len());
+        }
+        match self.outbound.send(packet).await {
+            Ok(()) => {
+                self.metrics.packet(Segment::ToAgent, kind);
+                Ok(())
+            }
+            Err(_) => {
+                self.metrics
+                    .stream_error(Segment::ToAgent, tonic::Code::Unavailable, kind);
+                Err(AgentGone)
+            }
+        }
+    }
+
+    pub fn add_pending(
+        &self,
+        dial_id: i64,
+        link: Arc<FrontendLink>,
+    ) -> Result<(), AddPendingError> {
+        let mut routes = self.routes();
+        if routes.closed {
+            return Err(AddPendingError::AgentGone);
+        }
+        if routes.pending.contains_key(&dial_id) {
+            return Err(AddPendingError::DuplicateDialId);
+        }
+        routes.pending.insert(
+            dial_id,
+            PendingDial {
+                link,
+                started: Instant::now(),
+            },
+        );
+        self.metrics.pending_backend_dials.inc();
+        Ok(())
+    }
+
+    pub fn take_pending(&self, dial_id: i64) -> Option<PendingDial> {
+        let taken = self.routes().pending.remove(&dial_id);
+        if taken.is_some() {
+            self.metrics.pending_backend_dials.dec();
+        }
+        taken
+    }
+
+    /// Turns a pending dial into an established tunnel in one step, so a frontend cleaning up
+    /// concurrently finds it in exactly one of the two tables.
+    pub fn establish(&self, dial_id: i64, connect_id: i64) -> Establish {
+        let mut routes = self.routes();
+        let Some(pending) = routes.pending.remove(&dial_id) else {
+            return Establish::Unknown;
+        };
+        self.metrics.pending_backend_dials.dec();
+        if routes.established.contains_key(&connect_id) {
+            return Establish::DuplicateConnectId(pending);
+        }
+        pending.link.set_connect_id(connect_id);
+        routes.established.insert(
+            connect_id,
+            Established {
+                link: pending.link.clone(),
+                since: Instant::now(),
+            },
+        );
+        self.metrics.established_connections.inc();
+        Establish::Established {
+            link: pending.link,
+            started: pending.started,
+        }
+    }
+
+    pub fn tunnel(&self, connect_id: i64) -> Option<Arc<FrontendLink>> {
+        self.routes()
+            .established
+            .get(&connect_id)
+            .map(|e| e.link.clone())
+    }
+
+    pub fn remove_established(&self, connect_id: i64) -> Option<Established> {
+        let removed = self.routes().established.remove(&connect_id);
+        if let Some(entry) = &removed {
+            self.record_closed(entry);
+        }
+        removed
+    }
+
+    fn record_closed(&self, entry: &Established) {
+        self.metrics.established_connections.dec();
+        self.metrics
+            .connection_duration
+            .observe(entry.since.elapsed().as_secs_f64());
+    }
+
+    /// Removes whatever entry `link` still owns on this stream: its pending dial, or its
+    /// established tunnel.
+    pub fn release(&self, link: &Arc<FrontendLink>, dial_id: i64) -> Released {
+        let mut routes = self.routes();
+        if routes
+            .pending
+            .get(&dial_id)
+            .is_some_and(|p| Arc::ptr_eq(&p.link, link))
+        {
+            routes.pending.remove(&dial_id);
+            self.metrics.pending_backend_dials.dec();
+            return Released::Pending(dial_id);
+        }
+        let connect_id = link.connect_id();
+        if connect_id != 0
+            && routes
+                .established
+                .get(&connect_id)
+                .is_some_and(|e| Arc::ptr_eq(&e.link, link))
+        {
+            let entry = routes
+                .established
+                .remove(&connect_id)
+                .expect("checked above");
+            drop(routes);
+            self.record_closed(&entry);
+            return Released::Established(connect_id);
+        }
+        Released::Nothing
+    }
+
+    /// Closes the route table for good and hands back every entry it held.
+    pub fn teardown(&self) -> (Vec<(i64, PendingDial)>, Vec<(i64, Established)>) {
+        let mut routes = self.routes();
+        routes.closed = true;
+        let pending: Vec<_> = routes.pending.drain().collect();
+        let established: Vec<_> = routes.established.drain().collect();
+        drop(routes);
+        self.metrics.pending_backend_dials.sub(pending.len() as i64);
+        for (_, entry) in &established {
+            self.record_closed(entry);
+        }
+        (pending, established)
+    }
+
+    /// (pending, established) counts, for the admin view and tests.
+    pub fn counts(&self) -> (usize, usize) {
+        let routes = self.routes();
+        (routes.pending.len(), routes.established.len())
+    }
+}
+
+impl std::fmt::Debug for AgentSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentSession")
+            .field("uid", &self.uid)
+            .field("agent_id", &self.agent_id)
+            .field("draining", &self.is_draining())
+            .finish()
+    }
+}

@@ -1,0 +1,108 @@
+//! Agent selection: one storage per configured strategy, consulted in `--proxy-strategies`
+//! order, with upstream's keys, ordering and draining rules.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::session::AgentSession;
+use crate::config::Strategy;
+
+/// Agents indexed by the keys one strategy uses.
+pub struct Storage {
+    pub strategy: Strategy,
+    /// Keys in insertion order; removal swaps the last key into the hole, as upstream.
+    keys: Vec<String>,
+    agents: HashMap<String, Vec<Arc<AgentSession>>>,
+}
+
+impl Storage {
+    pub fn new(strategy: Strategy) -> Storage {
+        Storage {
+            strategy,
+            keys: Vec::new(),
+            agents: HashMap::new(),
+        }
+    }
+
+    fn keys_for(&self, agent: &AgentSession) -> Vec<String> {
+        match self.strategy {
+            Strategy::Default => vec![agent.agent_id.clone()],
+            Strategy::DefaultRoute if agent.identifiers.default_route => {
+                vec![agent.agent_id.clone()]
+            }
+            Strategy::DefaultRoute => vec![],
+            Strategy::DestHost => agent.identifiers.dest_host_keys(),
+        }
+    }
+
+    pub fn add(&mut self, agent: &Arc<AgentSession>) {
+        for key in self.keys_for(agent) {
+            let list = self.agents.entry(key.clone()).or_default();
+            if list.is_empty() {
+                self.keys.push(key);
+            }
+            if !list.iter().any(|a| Arc::ptr_eq(a, agent)) {
+                list.push(agent.clone());
+            }
+        }
+    }
+
+    pub fn remove(&mut self, agent: &Arc<AgentSession>) {
+        for key in self.keys_for(agent) {
+            let Some(list) = self.agents.get_mut(&key) else {
+                continue;
+            };
+            list.retain(|a| !Arc::ptr_eq(a, agent));
+            if list.is_empty() {
+                self.agents.remove(&key);
+                if let Some(i) = self.keys.iter().position(|k| *k == key) {
+                    self.keys.swap_remove(i);
+                }
+            }
+        }
+    }
+
+    /// Distinct keys: what readiness and `ready_backends` count.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Picks an agent for a dial to `dest_host` (the address without its port).
+    pub fn pick(&self, dest_host: &str) -> Option<Arc<AgentSession>> {
+        match self.strategy {
+            Strategy::DestHost => {
+                let list = self.agents.get(dest_host)?;
+                list.iter()
+                    .find(|a| !a.is_draining())
+                    .or_else(|| list.first())
+                    .cloned()
+            }
+            Strategy::Default | Strategy::DefaultRoute => self.pick_random(),
+        }
+    }
+
+    /// A random starting key, then the first non-draining agent; a draining one only when
+    /// every agent drains.
+    fn pick_random(&self) -> Option<Arc<AgentSession>> {
+        if self.keys.is_empty() {
+            return None;
+        }
+        let start = fastrand::usize(..self.keys.len());
+        let mut first_draining = None;
+        for i in 0..self.keys.len() {
+            let key = &self.keys[(start + i) % self.keys.len()];
+            let Some(agent) = self.agents.get(key).and_then(|l| l.first()) else {
+                continue;
+            };
+            if !agent.is_draining() {
+                return Some(agent.clone());
+            }
+            first_draining.get_or_insert_with(|| agent.clone());
+        }
+        first_draining
+    }
+}

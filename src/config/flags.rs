@@ -1,0 +1,233 @@
+//! The command line: every flag of upstream's proxy-server, with its name, type and default,
+//! parsed the way Go's pflag parses them (`--flag value`, `--flag=value`, bare bools, last
+//! repeat wins, list flags accumulate).
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser};
+
+use super::duration::GoDuration;
+
+/// A drop-in replacement for the Konnectivity proxy-server.
+///
+/// Every upstream flag is accepted with the same name and default. klog's logging flags are
+/// accepted too; `-v` maps onto the log level (0-4 info, 5 debug, 6+ trace) and RUST_LOG, when
+/// set, takes precedence.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "konnectivity-server",
+    version,
+    args_override_self = true,
+    disable_version_flag = true
+)]
+pub struct Options {
+    /// Print the version and exit.
+    #[arg(long, action = ArgAction::Version)]
+    pub version: Option<bool>,
+
+    /// Start on an embedded development setup: a gRPC frontend on a Unix socket in the runtime
+    /// directory and a development CA, server and agent certificates generated on first start
+    /// under the state directory. Explicit flags still override.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub dev: bool,
+
+    /// With --dev: where the development CA and certificates are kept
+    /// (default $XDG_STATE_HOME/konnectivity-server or ~/.local/state/konnectivity-server).
+    #[arg(long, value_name = "DIR")]
+    pub dev_state_dir: Option<PathBuf>,
+
+    // --- frontend ---
+    /// Frontend protocol: 'grpc' or 'http-connect'.
+    #[arg(long, default_value = "grpc")]
+    pub mode: String,
+    /// Unix socket path for the frontend; empty means TCP with mTLS.
+    #[arg(long, default_value = "")]
+    pub uds_name: String,
+    /// Remove an existing file at --uds-name before listening.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
+    pub delete_existing_uds_file: bool,
+    /// Frontend TCP port. Must be 0 with --uds-name.
+    #[arg(long, default_value_t = 8090, allow_negative_numbers = true)]
+    pub server_port: i64,
+    /// Frontend bind address. Empty means all interfaces.
+    #[arg(long, default_value = "")]
+    pub server_bind_address: String,
+    /// Frontend TLS certificate (TCP mode).
+    #[arg(long, default_value = "")]
+    pub server_cert: String,
+    /// Frontend TLS key (TCP mode).
+    #[arg(long, default_value = "")]
+    pub server_key: String,
+    /// CA that verifies frontend (kube-apiserver) client certificates; required in TCP mode.
+    #[arg(long, default_value = "")]
+    pub server_ca_cert: String,
+    /// gRPC frontend keepalive ping interval.
+    #[arg(long, default_value = "1h0m0s")]
+    pub frontend_keepalive_time: GoDuration,
+    /// Packets queued per tunnel toward its frontend. 0 writes without a queue.
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    pub frontend_write_channel_size: i64,
+
+    // --- agents ---
+    /// Agent port (always TLS).
+    #[arg(long, default_value_t = 8091, allow_negative_numbers = true)]
+    pub agent_port: i64,
+    /// Agent bind address. Empty means all interfaces.
+    #[arg(long, default_value = "")]
+    pub agent_bind_address: String,
+    /// Agent-port TLS certificate.
+    #[arg(long, default_value = "")]
+    pub cluster_cert: String,
+    /// Agent-port TLS key.
+    #[arg(long, default_value = "")]
+    pub cluster_key: String,
+    /// CA that verifies agent client certificates. When set, agents must present one.
+    #[arg(long, default_value = "")]
+    pub cluster_ca_cert: String,
+    /// Agent gRPC keepalive ping interval.
+    #[arg(long, default_value = "1h0m0s")]
+    pub keepalive_time: GoDuration,
+    /// Timeout for sending DIAL_REQ to an agent and for its DIAL_RSP. 0 disables it.
+    #[arg(long, default_value = "0s", allow_hyphen_values = true)]
+    pub backend_dial_timeout: GoDuration,
+    /// Strategies that pick an agent, in order: default, destHost, defaultRoute.
+    #[arg(long, default_value = "default")]
+    pub proxy_strategies: String,
+    /// Per-stream queue size for packets in transit.
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    pub xfr_channel_size: i64,
+    /// Deprecated: has no effect.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, hide = true)]
+    pub warn_on_channel_limit: Option<bool>,
+
+    // --- TLS policy (agent and TCP frontend) ---
+    /// Allowed TLS 1.2 cipher suites, by Go name; comma separated, repeatable.
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    pub cipher_suites: Vec<String>,
+    /// Minimum TLS version: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13. Empty means TLS 1.2.
+    #[arg(long, default_value = "")]
+    pub tls_min_version: String,
+
+    // --- identity and HA ---
+    /// This server's unique id, sent to agents. Also from PROXY_SERVER_ID; default a fresh UUID.
+    #[arg(long, env = "PROXY_SERVER_ID", hide_env = true)]
+    pub server_id: Option<String>,
+    /// Number of proxy-server instances agents should connect to.
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    pub server_count: i64,
+    /// Publish and garbage-collect proxy-server leases.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub enable_lease_controller: bool,
+    /// Namespace of the lease objects.
+    #[arg(long, default_value = "kube-system")]
+    pub lease_namespace: String,
+    /// Labels of the lease objects.
+    #[arg(long, default_value = "k8s-app=konnectivity-server")]
+    pub lease_label: String,
+
+    // --- agent authentication ---
+    /// Expected agent namespace (token authentication).
+    #[arg(long, default_value = "")]
+    pub agent_namespace: String,
+    /// Expected agent service account (token authentication).
+    #[arg(long, default_value = "")]
+    pub agent_service_account: String,
+    /// Expected token audience (token authentication).
+    #[arg(long, default_value = "")]
+    pub authentication_audience: String,
+    /// Absolute path to a kubeconfig; empty means in-cluster configuration.
+    #[arg(long, default_value = "")]
+    pub kubeconfig: String,
+    /// Kubernetes client QPS; 0 means the client default.
+    #[arg(long, default_value_t = 0.0)]
+    pub kubeconfig_qps: f32,
+    /// Kubernetes client burst; 0 means the client default.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub kubeconfig_burst: i64,
+    /// Content type of requests to the API server.
+    #[arg(long, default_value = "application/vnd.kubernetes.protobuf")]
+    pub kube_api_content_type: String,
+
+    // --- health and admin ---
+    /// Health port (/healthz, /readyz, /metrics).
+    #[arg(long, default_value_t = 8092, allow_negative_numbers = true)]
+    pub health_port: i64,
+    /// Health bind address. Empty means all interfaces.
+    #[arg(long, default_value = "")]
+    pub health_bind_address: String,
+    /// Admin port (/metrics, profiling).
+    #[arg(long, default_value_t = 8095, allow_negative_numbers = true)]
+    pub admin_port: i64,
+    /// Admin bind address. Empty means ALL interfaces (as upstream does, whatever its help says).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub admin_bind_address: String,
+    /// Serve profiling endpoints on the admin port.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub enable_profiling: bool,
+    /// Contention profiling; requires --enable-profiling.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub enable_contention_profiling: bool,
+
+    // --- lifecycle ---
+    /// How long live tunnels may run after SIGTERM before they are closed. 0 closes at once.
+    #[arg(long, default_value = "0s", allow_hyphen_values = true)]
+    pub graceful_shutdown_timeout: GoDuration,
+
+    // --- klog flags: accepted for drop-in compatibility ---
+    /// Log verbosity (klog levels: 0-4 info, 5 debug, 6+ trace).
+    #[arg(short = 'v', long = "v", default_value_t = 4, value_name = "Level")]
+    pub verbosity: u32,
+    /// Per-module verbosity, pattern=N,... (mapped to per-target filters).
+    #[arg(long, default_value = "")]
+    pub vmodule: String,
+    /// Accepted; logs always go to stderr (or journald under systemd).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
+    pub logtostderr: bool,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub alsologtostderr: bool,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, default_value = "", value_name = "severity")]
+    pub alsologtostderrthreshold: String,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, default_value = "2", value_name = "severity")]
+    pub stderrthreshold: String,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
+    pub legacy_stderr_threshold_behavior: bool,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, default_value = ":0", value_name = "traceLocation")]
+    pub log_backtrace_at: String,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, default_value = "")]
+    pub log_dir: String,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, default_value = "")]
+    pub log_file: String,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, default_value_t = 1800)]
+    pub log_file_max_size: u64,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub add_dir_header: bool,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub skip_headers: bool,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub skip_log_headers: bool,
+    /// Accepted for compatibility; no effect.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub one_output: bool,
+}
+
+impl Options {
+    /// Parses a command line (the first item is the program name).
+    pub fn parse_from_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Options::try_parse_from(args)
+    }
+}

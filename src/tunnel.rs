@@ -1,0 +1,362 @@
+//! Packet routing between frontends and agents.
+//!
+//! Agent → frontend packets are dispatched here by the agent's receive loop. That loop never
+//! waits on a frontend: each frontend has its own queue, capped in bytes, and a tunnel whose
+//! frontend stops draining is closed instead of stalling every other tunnel on the agent.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use crate::admin::metrics::{DialFailure, Metrics, Segment};
+use crate::backend::session::{AgentSession, Establish};
+use crate::proto::packet::Payload;
+use crate::proto::{CloseDial, CloseRequest, CloseResponse, DialResponse, Packet, PacketType};
+
+/// Sent to a gRPC frontend whose dial was pending when its agent disconnected. Upstream leaves
+/// such a dial hanging until the client's own timeout (its issue #126); we answer at once.
+pub const AGENT_DISCONNECTED_DURING_DIAL: &str =
+    "agent disconnected before answering the dial request";
+/// Sent with CLOSE_RSP when a frontend stops draining its queue.
+pub const FRONTEND_QUEUE_OVERFLOW: &str =
+    "tunnel closed: the frontend did not keep up with the data sent to it";
+
+static NEXT_LINK_UID: AtomicU64 = AtomicU64::new(1);
+
+pub fn packet_type_name(kind: i32) -> &'static str {
+    PacketType::try_from(kind)
+        .map(|t| t.as_str_name())
+        .unwrap_or("Unknown")
+}
+
+pub fn packet(kind: PacketType, payload: Payload) -> Packet {
+    Packet {
+        r#type: kind as i32,
+        payload: Some(payload),
+    }
+}
+
+pub fn dial_response_error(random: i64, error: &str) -> Packet {
+    packet(
+        PacketType::DialRsp,
+        Payload::DialResponse(DialResponse {
+            error: error.to_string(),
+            connect_id: 0,
+            random,
+        }),
+    )
+}
+
+pub fn close_request(connect_id: i64) -> Packet {
+    packet(
+        PacketType::CloseReq,
+        Payload::CloseRequest(CloseRequest { connect_id }),
+    )
+}
+
+pub fn close_response(connect_id: i64, error: &str) -> Packet {
+    packet(
+        PacketType::CloseRsp,
+        Payload::CloseResponse(CloseResponse {
+            error: error.to_string(),
+            connect_id,
+        }),
+    )
+}
+
+pub fn dial_close(random: i64) -> Packet {
+    packet(
+        PacketType::DialCls,
+        Payload::CloseDial(CloseDial { random }),
+    )
+}
+
+/// The outcome of queueing a packet toward a frontend.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Delivery {
+    Queued,
+    /// The frontend is gone.
+    Gone,
+    /// The frontend's queue is over its byte limit; the packet was not queued.
+    Overflow,
+}
+
+/// The sending side of one frontend stream (one tunnel).
+pub struct FrontendLink {
+    pub uid: u64,
+    tx: mpsc::UnboundedSender<Packet>,
+    queued_bytes: Arc<AtomicUsize>,
+    byte_limit: usize,
+    /// The agent's connect id once established; 0 before. Written under the owning agent
+    /// session's route lock, so cleanup and establishment agree on it.
+    connect_id: AtomicI64,
+    metrics: Arc<Metrics>,
+}
+
+impl FrontendLink {
+    pub fn new(byte_limit: usize, metrics: Arc<Metrics>) -> (Arc<FrontendLink>, FrontendQueue) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queued_bytes = Arc::new(AtomicUsize::new(0));
+        let link = Arc::new(FrontendLink {
+            uid: NEXT_LINK_UID.fetch_add(1, Ordering::Relaxed),
+            tx,
+            queued_bytes: queued_bytes.clone(),
+            byte_limit,
+            connect_id: AtomicI64::new(0),
+            metrics: metrics.clone(),
+        });
+        let queue = FrontendQueue {
+            rx,
+            queued_bytes,
+            metrics,
+        };
+        (link, queue)
+    }
+
+    pub fn connect_id(&self) -> i64 {
+        self.connect_id.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_connect_id(&self, connect_id: i64) {
+        self.connect_id.store(connect_id, Ordering::Release);
+    }
+
+    /// Queues a packet without waiting. DATA counts against the byte limit; control packets
+    /// always pass, so a close can still reach a frontend whose queue is full.
+    pub fn deliver(&self, packet: Packet) -> Delivery {
+        let started = Instant::now();
+        let bytes = match &packet.payload {
+            Some(Payload::Data(d)) => d.data.len(),
+            _ => 0,
+        };
+        if bytes > 0 {
+            let queued = self.queued_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
+            if queued > self.byte_limit {
+                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+                return Delivery::Overflow;
+            }
+        }
+        match self.tx.send(packet) {
+            Ok(()) => {
+                self.metrics
+                    .frontend_write_duration
+                    .observe(started.elapsed().as_secs_f64());
+                if bytes > 0 {
+                    self.metrics.relayed(false, bytes);
+                }
+                Delivery::Queued
+            }
+            Err(_) => {
+                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+                Delivery::Gone
+            }
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// The receiving side of a frontend's queue: the gRPC response stream, or the writer of an
+/// HTTP-CONNECT socket.
+pub struct FrontendQueue {
+    rx: mpsc::UnboundedReceiver<Packet>,
+    queued_bytes: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
+}
+
+impl FrontendQueue {
+    fn account(&self, packet: &Packet) {
+        if let Some(Payload::Data(d)) = &packet.payload {
+            self.queued_bytes.fetch_sub(d.data.len(), Ordering::AcqRel);
+        }
+        self.metrics
+            .packet(Segment::ToClient, packet_type_name(packet.r#type));
+    }
+
+    pub async fn recv(&mut self) -> Option<Packet> {
+        let packet = self.rx.recv().await?;
+        self.account(&packet);
+        Some(packet)
+    }
+}
+
+impl futures_util::Stream for FrontendQueue {
+    type Item = Result<Packet, tonic::Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(packet)) => {
+                self.account(&packet);
+                Poll::Ready(Some(Ok(packet)))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Sends a control packet to an agent without letting a stuck agent hold up the caller for
+/// long: cleanup paths must always finish.
+pub async fn send_to_agent_bounded(agent: &AgentSession, packet: Packet) {
+    const CONTROL_SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+    let kind = packet_type_name(packet.r#type);
+    match tokio::time::timeout(CONTROL_SEND_LIMIT, agent.send(packet)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => {
+            tracing::debug!(agent_id = %agent.agent_id, packet_type = kind, "agent gone; control packet dropped")
+        }
+        Err(_) => {
+            tracing::warn!(agent_id = %agent.agent_id, packet_type = kind, "agent did not accept a control packet within 5s; dropped")
+        }
+    }
+}
+
+/// Dispatches one packet received from an agent.
+pub async fn route_from_agent(agent: &AgentSession, metrics: &Metrics, packet: Packet) {
+    let kind = PacketType::try_from(packet.r#type);
+    metrics.packet(Segment::FromAgent, packet_type_name(packet.r#type));
+    match (kind, &packet.payload) {
+        (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
+            let rsp = rsp.clone();
+            on_dial_response(agent, metrics, rsp, packet).await
+        }
+        (Ok(PacketType::Data), Some(Payload::Data(data))) => {
+            let connect_id = data.connect_id;
+            on_data(agent, metrics, connect_id, packet).await
+        }
+        (Ok(PacketType::CloseRsp), Some(Payload::CloseResponse(rsp))) => {
+            match agent.remove_established(rsp.connect_id) {
+                Some(entry) => {
+                    entry.link.deliver(packet);
+                }
+                None => {
+                    tracing::debug!(agent_id = %agent.agent_id, connect_id = rsp.connect_id, "CLOSE_RSP for an unknown connection")
+                }
+            }
+        }
+        (Ok(PacketType::DialCls), Some(Payload::CloseDial(cls))) => {
+            match agent.take_pending(cls.random) {
+                Some(pending) => {
+                    metrics.dial_failure(DialFailure::BackendClose);
+                    pending.link.deliver(packet);
+                }
+                None => {
+                    tracing::debug!(agent_id = %agent.agent_id, dial_id = cls.random, "DIAL_CLS for an unknown dial")
+                }
+            }
+        }
+        (Ok(PacketType::Drain), _) => {
+            tracing::info!(agent_id = %agent.agent_id, "agent is draining; new dials will prefer other agents");
+            agent.set_draining();
+        }
+        (Ok(kind), _) => tracing::warn!(
+            agent_id = %agent.agent_id,
+            packet_type = kind.as_str_name(),
+            "dropping a packet whose type disagrees with its payload or is not expected from an agent"
+        ),
+        (Err(_), _) => {
+            tracing::warn!(agent_id = %agent.agent_id, packet_type = packet.r#type, "dropping a packet of unknown type")
+        }
+    }
+}
+
+async fn on_dial_response(
+    agent: &AgentSession,
+    metrics: &Metrics,
+    rsp: DialResponse,
+    packet: Packet,
+) {
+    if !rsp.error.is_empty() {
+        match agent.take_pending(rsp.random) {
+            Some(pending) => {
+                metrics.dial_failure(DialFailure::ErrorResponse);
+                pending.link.deliver(packet);
+            }
+            None => reject_unrecognized(agent, metrics, &rsp).await,
+        }
+        return;
+    }
+    match agent.establish(rsp.random, rsp.connect_id) {
+        Establish::Unknown => reject_unrecognized(agent, metrics, &rsp).await,
+        Establish::DuplicateConnectId(pending) => {
+            tracing::warn!(agent_id = %agent.agent_id, connect_id = rsp.connect_id, "agent reused a live connect id; failing the new dial");
+            metrics.dial_failure(DialFailure::ErrorResponse);
+            pending.link.deliver(dial_response_error(
+                rsp.random,
+                "agent reused a live connection id",
+            ));
+        }
+        Establish::Established { link, started } => {
+            if link.deliver(packet) == Delivery::Queued {
+                metrics
+                    .dial_duration
+                    .observe(started.elapsed().as_secs_f64());
+                tracing::debug!(agent_id = %agent.agent_id, dial_id = rsp.random, connect_id = rsp.connect_id, "tunnel established");
+            } else {
+                metrics.dial_failure(DialFailure::SendRsp);
+                agent.remove_established(rsp.connect_id);
+                send_to_agent_bounded(agent, close_request(rsp.connect_id)).await;
+            }
+        }
+    }
+}
+
+async fn reject_unrecognized(agent: &AgentSession, metrics: &Metrics, rsp: &DialResponse) {
+    metrics.dial_failure(DialFailure::UnrecognizedResponse);
+    tracing::debug!(agent_id = %agent.agent_id, dial_id = rsp.random, "DIAL_RSP for an unknown dial");
+    if rsp.connect_id != 0 {
+        send_to_agent_bounded(agent, close_request(rsp.connect_id)).await;
+    }
+}
+
+async fn on_data(agent: &AgentSession, metrics: &Metrics, connect_id: i64, packet: Packet) {
+    if connect_id == 0 {
+        tracing::warn!(agent_id = %agent.agent_id, "dropping DATA with connect id 0");
+        return;
+    }
+    let Some(link) = agent.tunnel(connect_id) else {
+        tracing::debug!(agent_id = %agent.agent_id, connect_id, "DATA for an unknown connection; asking the agent to close it");
+        send_to_agent_bounded(agent, close_request(connect_id)).await;
+        return;
+    };
+    match link.deliver(packet) {
+        Delivery::Queued => {}
+        Delivery::Gone => {
+            if agent.remove_established(connect_id).is_some() {
+                send_to_agent_bounded(agent, close_request(connect_id)).await;
+            }
+        }
+        Delivery::Overflow => {
+            if agent.remove_established(connect_id).is_some() {
+                metrics.frontend_queue_overflows.inc();
+                tracing::warn!(
+                    agent_id = %agent.agent_id,
+                    connect_id,
+                    frontend = link.uid,
+                    "closing tunnel: its frontend stopped reading and its queue passed the limit"
+                );
+                link.deliver(close_response(connect_id, FRONTEND_QUEUE_OVERFLOW));
+                send_to_agent_bounded(agent, close_request(connect_id)).await;
+            }
+        }
+    }
+}
+
+/// Fails or closes everything that used an agent stream that has ended.
+pub fn teardown_agent(agent: &AgentSession, metrics: &Metrics) {
+    let (pending, established) = agent.teardown();
+    for (dial_id, dial) in pending {
+        metrics.dial_failure(DialFailure::BackendClose);
+        dial.link
+            .deliver(dial_response_error(dial_id, AGENT_DISCONNECTED_DURING_DIAL));
+    }
+    for (connect_id, tunnel) in established {
+        tunnel.link.deliver(close_response(connect_id, ""));
+    }
+}
