@@ -1,14 +1,19 @@
 use std::process::ExitCode;
 
-use konnectivity_server::config::{Config, Options};
+use konnectivity_server::config::{layers, CommandLine, Config, Options};
 use konnectivity_server::{dev, lifecycle, server};
 
+/// Prints `message` and returns upstream's exit code for a bad start.
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("Error: {message}");
+    ExitCode::from(1)
+}
+
 fn main() -> ExitCode {
-    let mut options = match Options::parse_from_args(std::env::args_os()) {
-        Ok(options) => options,
+    let cli = match CommandLine::parse(std::env::args_os()) {
+        Ok(cli) => cli,
         Err(e) => {
-            // clap prints help/version to stdout with exit 0, and errors with exit 2; upstream
-            // exits 1 on bad flags.
+            // Help and version go to stdout with 0; bad flags exit 1, as upstream.
             let _ = e.print();
             return if e.use_stderr() {
                 ExitCode::from(1)
@@ -17,37 +22,41 @@ fn main() -> ExitCode {
             };
         }
     };
-    lifecycle::init_logging(options.verbosity, &options.vmodule);
+    let mut options = match layers::load(&cli) {
+        Ok(options) => options,
+        Err(e) => return fail(e),
+    };
+    lifecycle::init_logging(options.v, &options.vmodule);
     if options.warn_on_channel_limit.is_some() {
         tracing::warn!("--warn-on-channel-limit is deprecated and has no effect");
+    }
+    if let Some(path) = options.write_config_to.clone() {
+        return write_config(&options, &path);
     }
     let dev_setup = if options.dev {
         match dev::apply(&mut options) {
             Ok(setup) => Some(setup),
-            Err(e) => {
-                eprintln!("Error: {e:#}");
-                return ExitCode::from(1);
-            }
+            Err(e) => return fail(format_args!("{e:#}")),
         }
     } else {
         None
     };
     let config = match Config::from_options(&options) {
         Ok(config) => config,
-        Err(e) => {
-            eprintln!("Error: failed to validate server options with {e}");
-            return ExitCode::from(1);
-        }
+        Err(e) => return fail(format_args!("failed to validate server options with {e}")),
     };
+    if options.check_config {
+        return check_config(config, &options);
+    }
+    if config.admin_addr.ip().is_unspecified() && config.enable_profiling {
+        tracing::warn!(admin = %config.admin_addr, "profiling is exposed on every interface: --admin-bind-address is empty");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("Error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(e) => return fail(format_args!("cannot start the async runtime: {e}")),
     };
     let result = runtime.block_on(async move {
         let listeners = server::Listeners::bind(&config).await?;
@@ -61,8 +70,38 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(format_args!("{e:#}")),
+    }
+}
+
+fn write_config(options: &Options, path: &std::path::Path) -> ExitCode {
+    let text = layers::to_toml(options);
+    let written = if path.as_os_str() == "-" {
+        print!("{text}");
+        Ok(())
+    } else {
+        std::fs::write(path, text)
+    };
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(format_args!("writing {}: {e}", path.display())),
+    }
+}
+
+/// One line and an exit code, for systemd's ExecStartPre and ExecReload.
+fn check_config(config: Config, options: &Options) -> ExitCode {
+    let source = options
+        .config
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "no config file".into());
+    match server::Snapshot::build(config) {
+        Ok(_) => {
+            println!("configuration OK ({source})");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("Error: {e:#}");
+            println!("configuration invalid ({source}): {e}");
             ExitCode::from(1)
         }
     }

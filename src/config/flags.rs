@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{ArgAction, Parser};
+use serde::{Deserialize, Serialize};
 
 use super::duration::GoDuration;
 
@@ -13,7 +14,8 @@ use super::duration::GoDuration;
 /// Every upstream flag is accepted with the same name and default. klog's logging flags are
 /// accepted too; `-v` maps onto the log level (0-4 info, 5 debug, 6+ trace) and RUST_LOG, when
 /// set, takes precedence.
-#[derive(Parser, Debug, Clone)]
+#[derive(Parser, Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[command(
     name = "konnectivity-server",
     version,
@@ -23,17 +25,38 @@ use super::duration::GoDuration;
 pub struct Options {
     /// Print the version and exit.
     #[arg(long, action = ArgAction::Version)]
+    #[serde(skip)]
     pub version: Option<bool>,
+
+    /// TOML configuration file. Default: /etc/konnectivity/server.toml when it exists; an
+    /// empty value reads no file. Settings: built-in defaults < file < environment
+    /// (KONNECTIVITY_SERVER_<KEY>, PROXY_SERVER_ID) < command line.
+    #[arg(long, value_name = "PATH", value_parser = any_path)]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
+    /// Validate the configuration (including that certificates and keys load and match),
+    /// print one line, and exit 0 or 1.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[serde(skip)]
+    pub check_config: bool,
+
+    /// Write the effective configuration as TOML to PATH ('-' for stdout) and exit.
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip)]
+    pub write_config_to: Option<PathBuf>,
 
     /// Start on an embedded development setup: a gRPC frontend on a Unix socket in the runtime
     /// directory and a development CA, server and agent certificates generated on first start
     /// under the state directory. Explicit flags still override.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[serde(skip)]
     pub dev: bool,
 
     /// With --dev: where the development CA and certificates are kept
     /// (default $XDG_STATE_HOME/konnectivity-server or ~/.local/state/konnectivity-server).
     #[arg(long, value_name = "DIR")]
+    #[serde(skip)]
     pub dev_state_dir: Option<PathBuf>,
 
     // --- frontend ---
@@ -98,11 +121,13 @@ pub struct Options {
     pub xfr_channel_size: i64,
     /// Deprecated: has no effect.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, hide = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub warn_on_channel_limit: Option<bool>,
 
     // --- TLS policy (agent and TCP frontend) ---
     /// Allowed TLS 1.2 cipher suites, by Go name; comma separated, repeatable.
     #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    #[serde(deserialize_with = "super::layers::comma_list")]
     pub cipher_suites: Vec<String>,
     /// Minimum TLS version: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13. Empty means TLS 1.2.
     #[arg(long, default_value = "")]
@@ -110,7 +135,8 @@ pub struct Options {
 
     // --- identity and HA ---
     /// This server's unique id, sent to agents. Also from PROXY_SERVER_ID; default a fresh UUID.
-    #[arg(long, env = "PROXY_SERVER_ID", hide_env = true)]
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub server_id: Option<String>,
     /// Number of proxy-server instances agents should connect to.
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
@@ -176,7 +202,7 @@ pub struct Options {
     // --- klog flags: accepted for drop-in compatibility ---
     /// Log verbosity (klog levels: 0-4 info, 5 debug, 6+ trace).
     #[arg(short = 'v', long = "v", default_value_t = 4, value_name = "Level")]
-    pub verbosity: u32,
+    pub v: u32,
     /// Per-module verbosity, pattern=N,... (mapped to per-target filters).
     #[arg(long, default_value = "")]
     pub vmodule: String,
@@ -219,6 +245,18 @@ pub struct Options {
     /// Accepted for compatibility; no effect.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
     pub one_output: bool,
+}
+
+/// Paths may be empty (`--config=` means "no file"), which clap's own path parser refuses.
+fn any_path(text: &str) -> Result<PathBuf, std::convert::Infallible> {
+    Ok(PathBuf::from(text))
+}
+
+impl Default for Options {
+    /// The built-in defaults: exactly what an empty command line gives.
+    fn default() -> Self {
+        Options::try_parse_from(["konnectivity-server"]).expect("defaults parse")
+    }
 }
 
 impl Options {

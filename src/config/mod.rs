@@ -3,6 +3,7 @@
 
 mod duration;
 mod flags;
+pub mod layers;
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 pub use duration::{GoDuration, ParseDurationError};
 pub use flags::Options;
+pub use layers::{CommandLine, ConfigError};
 
 /// The frontend protocol (`--mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -402,7 +404,7 @@ impl Config {
             backend_dial_timeout: nonzero(options.backend_dial_timeout),
             graceful_shutdown_timeout: options.graceful_shutdown_timeout.to_std(),
             enable_profiling: options.enable_profiling,
-            verbosity: options.verbosity,
+            verbosity: options.v,
             vmodule: options.vmodule.clone(),
         })
     }
@@ -454,7 +456,7 @@ mod tests {
         assert!(o.enable_profiling);
         assert_eq!(o.cipher_suites, ["A", "B", "C"], "lists accumulate");
         assert_eq!(o.backend_dial_timeout, GoDuration(-1_000_000_000));
-        assert_eq!(o.verbosity, 7);
+        assert_eq!(o.v, 7);
     }
 
     #[test]
