@@ -26,7 +26,12 @@ fn main() -> ExitCode {
         Ok(options) => options,
         Err(e) => return fail(e),
     };
-    lifecycle::init_logging(options.v, &options.vmodule);
+    let log_format = match options.log_format.as_str() {
+        "journald" => konnectivity_server::config::LogFormat::Journald,
+        "stderr" => konnectivity_server::config::LogFormat::Stderr,
+        _ => konnectivity_server::config::LogFormat::Auto,
+    };
+    lifecycle::logging::init(options.v, &options.vmodule, log_format);
     if options.warn_on_channel_limit.is_some() {
         tracing::warn!("--warn-on-channel-limit is deprecated and has no effect");
     }
@@ -58,14 +63,13 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(format_args!("cannot start the async runtime: {e}")),
     };
+    lifecycle::raise_nofile_limit();
     let result = runtime.block_on(async move {
         let listeners = server::Listeners::bind(&config).await?;
         if let Some(setup) = &dev_setup {
             eprint!("{}", setup.describe(options.agent_port));
         }
-        let shutdown = lifecycle::shutdown_on_signals()
-            .map_err(|e| anyhow::anyhow!("installing signal handlers: {e}"))?;
-        server::run(config, listeners, shutdown).await?;
+        lifecycle::run_service(cli, config, listeners).await?;
         Ok::<(), anyhow::Error>(())
     });
     match result {

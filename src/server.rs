@@ -132,6 +132,21 @@ impl Shared {
         self.snapshot.load_full()
     }
 
+    /// Makes a new snapshot current: new handshakes and dials use it; live streams keep theirs.
+    pub fn apply(&self, snapshot: Snapshot) {
+        self.registry
+            .set_strategies(&snapshot.config.proxy_strategies);
+        self.snapshot.store(Arc::new(snapshot));
+    }
+
+    /// (agents, tunnels) right now, for status lines.
+    pub fn counts(&self) -> (usize, i64) {
+        (
+            self.registry.agents().len(),
+            self.metrics.established_connections.get(),
+        )
+    }
+
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }

@@ -81,6 +81,10 @@ pub struct Metrics {
     pub frontend_queue_overflows: prometheus::IntCounter,
     /// Beyond upstream: payload bytes relayed, by direction.
     relayed_bytes: IntCounterVec,
+    /// Beyond upstream: reloads by result (success, failure).
+    reloads: IntCounterVec,
+    /// Beyond upstream: when the last successful reload happened.
+    pub last_reload_success: Gauge,
     /// Beyond upstream: always 1, labelled with our version, so dashboards can tell builds apart.
     pub build_info: Gauge,
 }
@@ -176,6 +180,14 @@ impl Metrics {
                 opts("relayed_bytes_total", "Payload bytes relayed between frontends and agents, by direction."),
                 &["direction"],
             ).unwrap(),
+            reloads: IntCounterVec::new(
+                opts("reloads_total", "Configuration reloads, by result (success or failure)."),
+                &["result"],
+            ).unwrap(),
+            last_reload_success: Gauge::with_opts(opts(
+                "last_reload_success_timestamp_seconds",
+                "Unix time of the last successful configuration reload.",
+            )).unwrap(),
             build_info: Gauge::with_opts(opts(
                 "build_info",
                 "Always 1; the version label names the running konnectivity-server build.",
@@ -208,6 +220,8 @@ impl Metrics {
             Box::new(self.stream_errors.clone()),
             Box::new(self.frontend_queue_overflows.clone()),
             Box::new(self.relayed_bytes.clone()),
+            Box::new(self.reloads.clone()),
+            Box::new(self.last_reload_success.clone()),
             Box::new(self.build_info.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
         ];
@@ -239,6 +253,23 @@ impl Metrics {
         self.stream_errors
             .with_label_values(&[segment.label(), &code, packet_type])
             .inc();
+    }
+
+    pub fn reload(&self, success: bool) {
+        let result = if success { "success" } else { "failure" };
+        self.reloads.with_label_values(&[result]).inc();
+        if success {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            self.last_reload_success.set(now);
+        }
+    }
+
+    pub fn reloads(&self, success: bool) -> u64 {
+        let result = if success { "success" } else { "failure" };
+        self.reloads.with_label_values(&[result]).get()
     }
 
     pub fn relayed(&self, to_agent: bool, bytes: usize) {

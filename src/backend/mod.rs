@@ -72,6 +72,31 @@ impl Registry {
         self.update_gauges(&agents);
     }
 
+    /// Re-indexes every connected agent for a new list of strategies (a reload).
+    pub fn set_strategies(&self, strategies: &[Strategy]) {
+        let mut agents = self.lock();
+        let current: Vec<Strategy> = agents.storages.iter().map(|s| s.strategy).collect();
+        if current == strategies {
+            return;
+        }
+        for old in &current {
+            if !strategies.contains(old) {
+                self.metrics
+                    .ready_backends
+                    .with_label_values(&[old.name()])
+                    .set(0);
+            }
+        }
+        let mut storages: Vec<Storage> = strategies.iter().map(|s| Storage::new(*s)).collect();
+        for agent in &agents.all {
+            for storage in &mut storages {
+                storage.add(agent);
+            }
+        }
+        agents.storages = storages;
+        self.update_gauges(&agents);
+    }
+
     /// Picks an agent for `address` (host:port): the first strategy with a match wins.
     pub fn pick(&self, address: &str) -> Option<Arc<AgentSession>> {
         let agents = self.lock();

@@ -199,6 +199,14 @@ pub struct Options {
     #[arg(long, default_value = "0s", allow_hyphen_values = true)]
     pub graceful_shutdown_timeout: GoDuration,
 
+    // --- beyond upstream ---
+    /// Reload when the config file or a certificate, key or CA file changes.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
+    pub watch_files: bool,
+    /// Where logs go: auto (journald when run by systemd, else stderr), journald, stderr.
+    #[arg(long, default_value = "auto")]
+    pub log_format: String,
+
     // --- klog flags: accepted for drop-in compatibility ---
     /// Log verbosity (klog levels: 0-4 info, 5 debug, 6+ trace).
     #[arg(short = 'v', long = "v", default_value_t = 4, value_name = "Level")]

@@ -264,6 +264,12 @@ impl Options {
         if self.enable_lease_controller {
             parse_labels(&self.lease_label).map_err(ValidationError)?;
         }
+        if !matches!(self.log_format.as_str(), "auto" | "journald" | "stderr") {
+            return fail(format!(
+                "log-format must be one of auto, journald, stderr, not {:?}",
+                self.log_format
+            ));
+        }
         if self.graceful_shutdown_timeout.is_negative() {
             return fail(format!(
                 "graceful-shutdown-timeout must be >= 0, got {}",
@@ -323,7 +329,7 @@ pub enum FrontendAddr {
 
 /// The validated, typed configuration. Plain data: certificates are referred to by path and
 /// loaded into the TLS snapshot, so Debug never prints key material.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub mode: Mode,
     pub frontend_addr: FrontendAddr,
@@ -351,7 +357,60 @@ pub struct Config {
     pub enable_profiling: bool,
     pub verbosity: u32,
     pub vmodule: String,
+    pub log_format: LogFormat,
+    pub watch_files: bool,
+    /// The config file in use, watched for changes.
+    pub config_file: Option<PathBuf>,
 }
+
+/// Where logs go (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// journald when systemd connected our output to the journal, else stderr.
+    Auto,
+    Journald,
+    Stderr,
+}
+
+/// The one place that says which settings a reload may change. Everything listed here keeps
+/// its running value on reload (with a warning naming it); every other field of [`Config`]
+/// applies on reload: certificates, keys and CAs, cipher suites, the TLS minimum version,
+/// proxy strategies, the backend dial timeout, server count, queue sizes, the drain timeout,
+/// log verbosity, and file watching.
+macro_rules! restart_only_settings {
+    ($($field:ident),* $(,)?) => {
+        /// Settings that need a restart.
+        pub const RESTART_ONLY_SETTINGS: &[&str] = &[$(stringify!($field)),*];
+
+        impl Config {
+            /// Keeps `running`'s value for every restart-only setting and names those that
+            /// differed, so nothing is half-applied.
+            pub fn keep_restart_only(&mut self, running: &Config) -> Vec<&'static str> {
+                let mut kept = Vec::new();
+                $(
+                    if self.$field != running.$field {
+                        kept.push(stringify!($field));
+                        self.$field = running.$field.clone();
+                    }
+                )*
+                kept
+            }
+        }
+    };
+}
+
+restart_only_settings!(
+    mode,
+    frontend_addr,
+    agent_addr,
+    health_addr,
+    admin_addr,
+    keepalive_time,
+    frontend_keepalive_time,
+    server_id,
+    enable_profiling,
+    log_format,
+);
 
 impl Config {
     /// Validates `options` as upstream does, then builds the typed configuration.
@@ -406,6 +465,13 @@ impl Config {
             enable_profiling: options.enable_profiling,
             verbosity: options.v,
             vmodule: options.vmodule.clone(),
+            log_format: match options.log_format.as_str() {
+                "journald" => LogFormat::Journald,
+                "stderr" => LogFormat::Stderr,
+                _ => LogFormat::Auto,
+            },
+            watch_files: options.watch_files,
+            config_file: options.config.clone(),
         })
     }
 

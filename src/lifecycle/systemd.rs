@@ -1,0 +1,72 @@
+//! sd_notify: readiness, reloads, stopping, status and the watchdog. Every call is a no-op
+//! when NOTIFY_SOCKET is unset.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sd_notify::NotifyState;
+use tokio_util::sync::CancellationToken;
+
+use crate::server::Shared;
+
+fn send(states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::warn!(error = %e, "sd_notify failed");
+    }
+}
+
+fn status_line(shared: &Shared) -> String {
+    let (agents, tunnels) = shared.counts();
+    format!("serving: {agents} agents, {tunnels} tunnels")
+}
+
+pub fn ready(shared: &Shared) {
+    let status = status_line(shared);
+    send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+}
+
+pub fn reloading() {
+    match NotifyState::monotonic_usec_now() {
+        Ok(now) => send(&[NotifyState::Reloading, now]),
+        Err(_) => send(&[NotifyState::Reloading]),
+    }
+}
+
+pub fn reload_failed(cause: &str) {
+    // One line: systemctl status shows STATUS as is.
+    let cause = cause.replace('\n', " ");
+    let status = format!("reload failed: {cause}");
+    send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+}
+
+pub fn stopping(shared: &Shared) {
+    let (_, tunnels) = shared.counts();
+    let status = format!("draining {tunnels} tunnels");
+    send(&[NotifyState::Stopping, NotifyState::Status(&status)]);
+}
+
+/// Pings the watchdog at half its interval and refreshes STATUS, from a task on the runtime:
+/// if the runtime hangs, the pings stop and systemd restarts us.
+pub fn spawn_heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
+    let watchdog = sd_notify::watchdog_enabled();
+    let period = watchdog
+        .map(|d| d / 2)
+        .unwrap_or(Duration::from_secs(10))
+        .max(Duration::from_millis(10));
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+            let status = status_line(&shared);
+            if watchdog.is_some() {
+                send(&[NotifyState::Watchdog, NotifyState::Status(&status)]);
+            } else if std::env::var_os("NOTIFY_SOCKET").is_some() {
+                send(&[NotifyState::Status(&status)]);
+            }
+        }
+    });
+}

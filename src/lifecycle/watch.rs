@@ -1,0 +1,101 @@
+//! Reload when the config file or a certificate, key or CA file really changes.
+//!
+//! Parent directories are watched, not the files, so rename-into-place editors and the
+//! `..data` symlink swaps of kubelet and cert-manager are seen. Only create, modify and remove
+//! events count (reading a file produces access events, which would otherwise loop), events
+//! are debounced, and a reload is asked for only when the files' contents differ.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::BTreeSet;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{EventKind, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+const DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// The files a configuration depends on.
+pub fn watched_files(config: &crate::config::Config) -> Vec<PathBuf> {
+    [
+        &config.config_file,
+        &config.cluster_cert,
+        &config.cluster_key,
+        &config.cluster_ca_cert,
+        &config.server_cert,
+        &config.server_key,
+        &config.server_ca_cert,
+    ]
+    .into_iter()
+    .flatten()
+    .cloned()
+    .collect()
+}
+
+/// A digest of the files' contents (following symlinks); missing files count as empty.
+pub fn fingerprint(files: &[PathBuf]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    for file in files {
+        file.hash(&mut hasher);
+        std::fs::read(file).unwrap_or_default().hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+/// Watches `files`; sends on `changed` after each settled change of their contents.
+/// Dropping the returned watcher stops it.
+pub fn watch(
+    files: Vec<PathBuf>,
+    changed: mpsc::Sender<()>,
+) -> notify::Result<notify::RecommendedWatcher> {
+    let (events_tx, mut events_rx) = mpsc::channel::<()>(1);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(event) = event {
+            if matches!(
+                event.kind,
+                EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_)
+            ) {
+                let _ = events_tx.try_send(());
+            }
+        }
+    })?;
+    let dirs: BTreeSet<PathBuf> = files
+        .iter()
+        .filter_map(|f| f.parent().map(Path::to_path_buf))
+        .map(|d| {
+            if d.as_os_str().is_empty() {
+                PathBuf::from(".")
+            } else {
+                d
+            }
+        })
+        .collect();
+    for dir in &dirs {
+        watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    }
+    let mut last = fingerprint(&files);
+    tokio::spawn(async move {
+        while events_rx.recv().await.is_some() {
+            // Let a burst (write, rename, symlink swap) settle.
+            loop {
+                match tokio::time::timeout(DEBOUNCE, events_rx.recv()).await {
+                    Ok(Some(())) => continue,
+                    Ok(None) => return,
+                    Err(_) => break,
+                }
+            }
+            let files = files.clone();
+            let now = tokio::task::spawn_blocking(move || fingerprint(&files))
+                .await
+                .unwrap_or(last);
+            if now != last {
+                last = now;
+                if changed.send(()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(watcher)
+}
