@@ -32,6 +32,9 @@ fn main() -> ExitCode {
         _ => konnectivity_server::config::LogFormat::Auto,
     };
     lifecycle::logging::init(options.v, &options.vmodule, log_format);
+    for warning in &options.load_warnings {
+        tracing::warn!("{warning}");
+    }
     if options.warn_on_channel_limit.is_some() {
         tracing::warn!("--warn-on-channel-limit is deprecated and has no effect");
     }

@@ -48,8 +48,6 @@ pub enum RunError {
         addr: String,
         source: std::io::Error,
     },
-    #[error("the {0} frontend is not implemented yet")]
-    Unsupported(&'static str),
 }
 
 /// Everything that can change on a reload, swapped as a whole.
@@ -283,7 +281,7 @@ fn spawn_tls_acceptor(
 fn spawn_uds_acceptor(
     listener: UnixListener,
     stop: CancellationToken,
-) -> ReceiverStream<AuthorityScrub<tokio::net::UnixStream>> {
+) -> ReceiverStream<tokio::net::UnixStream> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -293,7 +291,7 @@ fn spawn_uds_acceptor(
             };
             match accepted {
                 Ok((stream, _)) => {
-                    if tx.send(AuthorityScrub::new(stream)).await.is_err() {
+                    if tx.send(stream).await.is_err() {
                         break;
                     }
                 }
@@ -369,9 +367,6 @@ impl RunningServer {
 
 /// Starts serving on `listeners` and returns at once.
 pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunError> {
-    if config.mode == Mode::HttpConnect {
-        return Err(RunError::Unsupported("http-connect"));
-    }
     let snapshot = Snapshot::build(config)?;
     let config = snapshot.config.clone();
     let metrics = Arc::new(Metrics::new());
@@ -396,54 +391,22 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         shared: shared.clone(),
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let stop = shared.hard_stop.clone();
-    let agent_keepalive = config.keepalive_time;
-    servers.spawn(async move {
-        let served = grpc_server(agent_keepalive)
-            .add_service(agent_service)
-            .serve_with_incoming_shutdown(hold_open(agents), stop.cancelled_owned())
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "agent server failed");
-        }
-    });
+    serve_grpc(
+        &servers,
+        grpc_server(config.keepalive_time).add_service(agent_service),
+        agents,
+        shared.hard_stop.clone(),
+        "agent",
+    );
 
-    let proxy_service = ProxyServiceServer::new(ProxyFrontend {
-        shared: shared.clone(),
-    })
-    .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let frontend_server = grpc_server(config.frontend_keepalive_time).add_service(proxy_service);
-    let stop = shared.hard_stop.clone();
-    match listeners.frontend {
-        FrontendListener::Unix(listener) => {
-            let incoming = hold_open(spawn_uds_acceptor(listener, accept_stop.clone()));
-            servers.spawn(async move {
-                if let Err(e) = frontend_server
-                    .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
-                    .await
-                {
-                    tracing::error!(error = %e, "frontend server failed");
-                }
-            });
+    match config.mode {
+        Mode::Grpc => {
+            spawn_grpc_frontend(&shared, &servers, listeners.frontend, &accept_stop, &config)
         }
-        FrontendListener::Tcp(listener) => {
-            let incoming = hold_open(spawn_tls_acceptor(
-                &shared,
-                listener,
-                |s| s.frontend_tls.clone(),
-                accept_stop.clone(),
-            ));
-            servers.spawn(async move {
-                if let Err(e) = frontend_server
-                    .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
-                    .await
-                {
-                    tracing::error!(error = %e, "frontend server failed");
-                }
-            });
+        Mode::HttpConnect => {
+            spawn_http_connect_frontend(&shared, &servers, listeners.frontend, &accept_stop)
         }
     }
-
     crate::admin::spawn_http(
         &servers,
         listeners.health,
@@ -456,12 +419,110 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         crate::admin::Port::Admin,
         shared.clone(),
     );
-    tracing::info!(server_id = %config.server_id, "konnectivity-server is serving");
+    tracing::info!(server_id = %config.server_id, mode = ?config.mode, "konnectivity-server is serving");
     Ok(RunningServer {
         shared,
         accept_stop,
         servers,
     })
+}
+
+/// Serves HTTP-CONNECT on the frontend listener: one task per connection, tracked for drain.
+fn spawn_http_connect_frontend(
+    shared: &Arc<Shared>,
+    servers: &TaskTracker,
+    listener: FrontendListener,
+    accept_stop: &CancellationToken,
+) {
+    fn serve_all<S>(shared: Arc<Shared>, servers: &TaskTracker, mut incoming: ReceiverStream<S>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        servers.spawn(async move {
+            while let Some(stream) = incoming.next().await {
+                shared
+                    .tasks
+                    .spawn(crate::frontend::http_connect::serve(shared.clone(), stream));
+            }
+        });
+    }
+    match listener {
+        FrontendListener::Unix(listener) => serve_all(
+            shared.clone(),
+            servers,
+            spawn_uds_acceptor(listener, accept_stop.clone()),
+        ),
+        FrontendListener::Tcp(listener) => serve_all(
+            shared.clone(),
+            servers,
+            spawn_tls_acceptor(
+                shared,
+                listener,
+                |s| s.frontend_tls.clone(),
+                accept_stop.clone(),
+            ),
+        ),
+    }
+}
+
+/// Serves `/ProxyService/Proxy` on the frontend listener.
+fn spawn_grpc_frontend(
+    shared: &Arc<Shared>,
+    servers: &TaskTracker,
+    listener: FrontendListener,
+    accept_stop: &CancellationToken,
+    config: &Config,
+) {
+    let proxy_service = ProxyServiceServer::new(ProxyFrontend {
+        shared: shared.clone(),
+    })
+    .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let frontend_server = grpc_server(config.frontend_keepalive_time).add_service(proxy_service);
+    let stop = shared.hard_stop.clone();
+    match listener {
+        // grpc-go's UDS authority needs rewriting before h2 sees it (see uds_authority).
+        FrontendListener::Unix(listener) => {
+            let incoming =
+                spawn_uds_acceptor(listener, accept_stop.clone()).map(AuthorityScrub::new);
+            serve_grpc(servers, frontend_server, incoming, stop, "frontend");
+        }
+        FrontendListener::Tcp(listener) => {
+            let incoming = spawn_tls_acceptor(
+                shared,
+                listener,
+                |s| s.frontend_tls.clone(),
+                accept_stop.clone(),
+            );
+            serve_grpc(servers, frontend_server, incoming, stop, "frontend");
+        }
+    }
+}
+
+/// Runs a gRPC router on `incoming` until `stop`.
+fn serve_grpc<IO, S>(
+    servers: &TaskTracker,
+    router: tonic::transport::server::Router,
+    incoming: S,
+    stop: CancellationToken,
+    what: &'static str,
+) where
+    S: futures_util::Stream<Item = IO> + Send + 'static,
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected
+        + Unpin
+        + Send
+        + 'static,
+    IO::ConnectInfo: Clone + Send + Sync + 'static,
+{
+    servers.spawn(async move {
+        if let Err(e) = router
+            .serve_with_incoming_shutdown(hold_open(incoming), stop.cancelled_owned())
+            .await
+        {
+            tracing::error!(error = %e, server = what, "gRPC server failed");
+        }
+    });
 }
 
 /// Serves until `shutdown` is cancelled, then drains for --graceful-shutdown-timeout.

@@ -283,10 +283,23 @@ fn file_errors_name_the_key_and_the_line() {
         out.stderr
     );
 
-    let out = run(&["--config="], &[("KONNECTIVITY_SERVER_AGNET_PORT", "1")]);
+    // An unknown variable with our prefix is named loudly but does not stop the start:
+    // deployment tooling sets such variables too.
+    let out = run(
+        &["--config=", "--write-config-to=/dev/null"],
+        &[("KONNECTIVITY_SERVER_AGNET_PORT", "1")],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("KONNECTIVITY_SERVER_AGNET_PORT") && out.stderr.contains("WARN"),
+        "{}",
+        out.stderr
+    );
+    // A value that does not parse is an error naming the variable.
+    let out = run(&["--config="], &[("KONNECTIVITY_SERVER_AGENT_PORT", "eighty")]);
     assert_eq!(out.code, 1);
     assert!(
-        out.stderr.contains("KONNECTIVITY_SERVER_AGNET_PORT"),
+        out.stderr.contains("KONNECTIVITY_SERVER_AGENT_PORT"),
         "{}",
         out.stderr
     );

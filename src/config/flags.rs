@@ -46,6 +46,11 @@ pub struct Options {
     #[serde(skip)]
     pub write_config_to: Option<PathBuf>,
 
+    /// Problems found while loading that do not stop the start (logged once logging is up).
+    #[arg(skip)]
+    #[serde(skip)]
+    pub load_warnings: Vec<String>,
+
     /// Start on an embedded development setup: a gRPC frontend on a Unix socket in the runtime
     /// directory and a development CA, server and agent certificates generated on first start
     /// under the state directory. Explicit flags still override.

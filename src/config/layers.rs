@@ -108,8 +108,9 @@ pub fn load(cli: &CommandLine) -> Result<Options, ConfigError> {
         check_file(path, &text)?;
         figment = figment.merge(Toml::string(&text));
     }
+    let (env, warnings) = env_layer(std::env::vars())?;
     figment = figment
-        .merge(Serialized::globals(env_layer(std::env::vars())?))
+        .merge(Serialized::globals(env))
         .merge(Serialized::globals(cli.explicit.clone()));
     let mut options: Options = figment.extract().map_err(|e| {
         ConfigError::Layer(
@@ -126,6 +127,7 @@ pub fn load(cli: &CommandLine) -> Result<Options, ConfigError> {
     options.write_config_to = cli.options.write_config_to.clone();
     options.dev = cli.options.dev;
     options.dev_state_dir = cli.options.dev_state_dir.clone();
+    options.load_warnings = warnings;
     Ok(options)
 }
 
@@ -140,8 +142,12 @@ fn parse_go_bool(text: &str) -> Option<bool> {
 
 /// Settings from the environment: `PROXY_SERVER_ID` (as upstream), then
 /// `KONNECTIVITY_SERVER_<KEY>`. Each value is text, typed by its key the way a flag's value
-/// is, so `KONNECTIVITY_SERVER_SERVER_ID=12345` stays a string. Unknown keys are errors.
-pub fn env_layer(vars: impl Iterator<Item = (String, String)>) -> Result<Dict, ConfigError> {
+/// is, so `KONNECTIVITY_SERVER_SERVER_ID=12345` stays a string. A value that does not parse is
+/// an error naming the variable; an unknown key is returned as a warning.
+pub fn env_layer(
+    vars: impl Iterator<Item = (String, String)>,
+) -> Result<(Dict, Vec<String>), ConfigError> {
+    let mut warnings = Vec::new();
     let defaults = Value::serialize(Options::default())
         .ok()
         .and_then(|v| v.into_dict())
@@ -186,15 +192,17 @@ pub fn env_layer(vars: impl Iterator<Item = (String, String)>) -> Result<Dict, C
                 Value::from(parse_go_bool(&raw).ok_or_else(|| invalid("boolean"))?)
             }
             None => {
-                return Err(ConfigError::Env {
-                    name,
-                    message: format!("unknown setting {key:?}"),
-                })
+                // Not fatal: deployment tooling sets such variables too (for example
+                // KONNECTIVITY_SERVER_BIN). It is named in a warning at start.
+                warnings.push(format!(
+                    "environment variable {name} is not a setting (no key {key:?}); ignoring it"
+                ));
+                continue;
             }
         };
         layer.insert(key, value);
     }
-    Ok(layer)
+    Ok((layer, warnings))
 }
 
 /// The effective settings as TOML, loadable with `--config`.

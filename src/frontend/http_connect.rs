@@ -1,0 +1,425 @@
+//! The HTTP-CONNECT frontend (`--mode=http-connect`), over the Unix socket or TCP with mTLS.
+//!
+//! The request head is parsed here rather than by an HTTP server library because the wire
+//! contract is byte-exact: the success line is exactly
+//! `HTTP/1.1 200 Connection Established\r\n\r\n` with no headers, written before any tunnel
+//! data, and the error responses are upstream's raw bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+use crate::admin::metrics::DialFailure;
+use crate::backend::session::{AddPendingError, AgentSession, Released};
+use crate::proto::packet::Payload;
+use crate::proto::{Data, DialRequest, PacketType};
+use crate::server::Shared;
+use crate::tunnel::{
+    close_request, dial_close, packet, send_to_agent_bounded, FrontendLink, FrontendQueue,
+    AGENT_DISCONNECTED_DURING_DIAL,
+};
+
+/// Go's http.Server ReadHeaderTimeout in upstream.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Go's DefaultMaxHeaderBytes.
+pub const MAX_HEADER_BYTES: usize = 1 << 20;
+/// Upstream reads the client in 32 KiB chunks.
+const READ_CHUNK: usize = 32 * 1024;
+
+pub const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
+pub const NO_AGENT: &[u8] = b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: No agent available";
+
+fn plain_response(status: &str, body: &str) -> Vec<u8> {
+    format!("HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{body}")
+        .into_bytes()
+}
+
+fn method_not_allowed() -> Vec<u8> {
+    let body = "this proxy only supports CONNECT passthrough\n";
+    format!(
+        "HTTP/1.1 405 Method Not Allowed\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The status upstream picks for an agent's dial error: timeouts 504, descriptor exhaustion
+/// 503, anything else 502 (case-insensitive, first match wins).
+pub fn status_for_dial_error(error: &str) -> &'static str {
+    let error = error.to_ascii_lowercase();
+    if ["i/o timeout", "deadline exceeded", "timeout"]
+        .iter()
+        .any(|s| error.contains(s))
+    {
+        "504 Gateway Timeout"
+    } else if error.contains("too many open files") {
+        "503 Service Unavailable"
+    } else {
+        "502 Bad Gateway"
+    }
+}
+
+fn agent_dial_error_response(error: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {}\r\nConnection: close\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{error}",
+        status_for_dial_error(error)
+    )
+    .into_bytes()
+}
+
+/// A parsed CONNECT request head, and any bytes the client sent after it.
+struct Head {
+    method: String,
+    target: String,
+    rest: Bytes,
+}
+
+enum HeadError {
+    Closed,
+    TooLarge,
+    Malformed,
+    TimedOut,
+}
+
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Result<Head, HeadError> {
+    let mut buf = BytesMut::with_capacity(4096);
+    let read = async {
+        loop {
+            let mut headers = [httparse::EMPTY_HEADER; 64];
+            let mut request = httparse::Request::new(&mut headers);
+            match request.parse(&buf) {
+                Ok(httparse::Status::Complete(len)) => {
+                    let head = Head {
+                        method: request.method.unwrap_or_default().to_string(),
+                        target: request.path.unwrap_or_default().to_string(),
+                        rest: Bytes::new(),
+                    };
+                    let rest = buf.split_off(len).freeze();
+                    return Ok(Head { rest, ..head });
+                }
+                Ok(httparse::Status::Partial) => {}
+                Err(_) => return Err(HeadError::Malformed),
+            }
+            if buf.len() >= MAX_HEADER_BYTES {
+                return Err(HeadError::TooLarge);
+            }
+            if stream
+                .read_buf(&mut buf)
+                .await
+                .map_err(|_| HeadError::Closed)?
+                == 0
+            {
+                return Err(HeadError::Closed);
+            }
+        }
+    };
+    tokio::time::timeout(HEADER_TIMEOUT, read)
+        .await
+        .unwrap_or(Err(HeadError::TimedOut))
+}
+
+/// Serves one HTTP-CONNECT connection to its end.
+pub async fn serve<S>(shared: Arc<Shared>, mut stream: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let gauge = shared.metrics.http_connections.clone();
+    gauge.inc();
+    let head = match read_head(&mut stream).await {
+        Ok(head) => head,
+        Err(HeadError::TooLarge) => {
+            let _ = stream
+                .write_all(b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n431 Request Header Fields Too Large")
+                .await;
+            gauge.dec();
+            return;
+        }
+        Err(HeadError::Malformed) => {
+            let _ = stream
+                .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request")
+                .await;
+            gauge.dec();
+            return;
+        }
+        Err(HeadError::Closed | HeadError::TimedOut) => {
+            gauge.dec();
+            return;
+        }
+    };
+    if head.method != "CONNECT" {
+        let _ = stream.write_all(&method_not_allowed()).await;
+    } else {
+        tunnel(&shared, stream, head).await;
+    }
+    gauge.dec();
+}
+
+/// Writes `bytes` and ends the connection.
+async fn answer<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) {
+    let _ = stream.write_all(bytes).await;
+    let _ = stream.shutdown().await;
+}
+
+async fn tunnel<S>(shared: &Arc<Shared>, mut stream: S, head: Head)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let metrics = &shared.metrics;
+    if shared.is_draining() {
+        let body = format!("{}\r\n", crate::frontend::grpc::SHUTTING_DOWN);
+        return answer(
+            &mut stream,
+            &plain_response("503 Service Unavailable", &body),
+        )
+        .await;
+    }
+    // The dial target is the request-target (authority form), not the Host header.
+    let address = head.target.clone();
+    let Some(agent) = shared.registry.pick(&address) else {
+        return answer(&mut stream, NO_AGENT).await;
+    };
+    let snapshot = shared.snapshot();
+    let (link, mut queue) = FrontendLink::new(snapshot.frontend_queue_bytes(), metrics.clone());
+    let dial_id = fastrand::i64(0..i64::MAX);
+    if let Err(e) = agent.add_pending(dial_id, link.clone()) {
+        metrics.dial_failure(DialFailure::BackendClose);
+        let reason = match e {
+            AddPendingError::AgentGone => AGENT_DISCONNECTED_DURING_DIAL,
+            AddPendingError::DuplicateDialId => "a dial with this id is already pending",
+        };
+        let body = format!("Failed to tunnel dial request: {reason}\r\n");
+        return answer(&mut stream, &plain_response("502 Bad Gateway", &body)).await;
+    }
+    let request = packet(
+        PacketType::DialReq,
+        Payload::DialRequest(DialRequest {
+            protocol: "tcp".into(),
+            address: address.clone(),
+            random: dial_id,
+        }),
+    );
+    let timeout = snapshot.config.backend_dial_timeout;
+    let sent = match timeout {
+        Some(limit) => tokio::time::timeout(limit, agent.send(request))
+            .await
+            .map_err(|_| true)
+            .and_then(|r| r.map_err(|_| false)),
+        None => agent.send(request).await.map_err(|_| false),
+    };
+    if let Err(timed_out) = sent {
+        if agent.take_pending(dial_id).is_some() {
+            let response = if timed_out {
+                metrics.dial_failure(DialFailure::BackendDialTimeout);
+                tracing::warn!(agent_id = %agent.agent_id, "retiring agent: sending DIAL_REQ timed out");
+                agent.set_draining();
+                agent.retired.cancel();
+                plain_response(
+                    "504 Gateway Timeout",
+                    "Failed to tunnel dial request: timed out waiting for backend dial\r\n",
+                )
+            } else {
+                metrics.dial_failure(DialFailure::BackendClose);
+                plain_response(
+                    "502 Bad Gateway",
+                    "Failed to tunnel dial request: agent stream closed\r\n",
+                )
+            };
+            return answer(&mut stream, &response).await;
+        }
+    }
+    tracing::debug!(agent_id = %agent.agent_id, dial_id, %address, "CONNECT dialing through agent");
+    let deadline = timeout.map(|t| Instant::now() + t);
+    let mut early = BytesMut::from(&head.rest[..]);
+    match await_dial(
+        shared,
+        &agent,
+        &link,
+        dial_id,
+        &mut queue,
+        &mut stream,
+        &mut early,
+        deadline,
+    )
+    .await
+    {
+        DialOutcome::Established(connect_id) => {
+            if stream.write_all(ESTABLISHED).await.is_ok() {
+                pump(
+                    shared,
+                    &agent,
+                    connect_id,
+                    &mut queue,
+                    stream,
+                    early.freeze(),
+                )
+                .await;
+            }
+            release(shared, &agent, &link, dial_id).await;
+        }
+        DialOutcome::Respond(bytes) => answer(&mut stream, &bytes).await,
+        DialOutcome::ClientGone => release(shared, &agent, &link, dial_id).await,
+    }
+}
+
+enum DialOutcome {
+    Established(i64),
+    Respond(Vec<u8>),
+    ClientGone,
+}
+
+/// Waits for the agent's answer, the dial deadline, the client leaving, or the server stopping.
+/// Bytes the client sends meanwhile are kept for the tunnel.
+#[allow(clippy::too_many_arguments)]
+async fn await_dial<S: AsyncRead + Unpin>(
+    shared: &Shared,
+    agent: &AgentSession,
+    link: &Arc<FrontendLink>,
+    dial_id: i64,
+    queue: &mut FrontendQueue,
+    stream: &mut S,
+    early: &mut BytesMut,
+    deadline: Option<Instant>,
+) -> DialOutcome {
+    let metrics = &shared.metrics;
+    loop {
+        tokio::select! {
+            packet = queue.recv() => match packet.and_then(|p| p.payload) {
+                Some(Payload::DialResponse(rsp)) if rsp.error.is_empty() => {
+                    return DialOutcome::Established(rsp.connect_id);
+                }
+                Some(Payload::DialResponse(rsp)) if rsp.error == AGENT_DISCONNECTED_DURING_DIAL => {
+                    return DialOutcome::Respond(plain_response("502 Bad Gateway", "Backend context error: context canceled\r\n"));
+                }
+                Some(Payload::DialResponse(rsp)) => return DialOutcome::Respond(agent_dial_error_response(&rsp.error)),
+                // DIAL_CLS from the agent, or the link closed: nothing to say.
+                _ => return DialOutcome::ClientGone,
+            },
+            _ = crate::frontend::sleep_until_opt(deadline) => {
+                if agent.take_pending(dial_id).is_some() {
+                    metrics.dial_failure(DialFailure::BackendDialTimeout);
+                    return DialOutcome::Respond(plain_response(
+                        "504 Gateway Timeout",
+                        "Backend dial timeout: timed out waiting for backend dial\r\n",
+                    ));
+                }
+            },
+            read = stream.read_buf(early), if early.len() < READ_CHUNK => match read {
+                Ok(n) if n > 0 => {}
+                _ => return DialOutcome::ClientGone,
+            },
+            _ = shared.hard_stop.cancelled() => return DialOutcome::ClientGone,
+        }
+        if link.is_closed() {
+            return DialOutcome::ClientGone;
+        }
+    }
+}
+
+/// Relays bytes both ways until either side ends; half-close is not supported, as upstream.
+async fn pump<S>(
+    shared: &Shared,
+    agent: &AgentSession,
+    connect_id: i64,
+    queue: &mut FrontendQueue,
+    stream: S,
+    early: Bytes,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let to_agent = async {
+        if !early.is_empty() && send_data(agent, connect_id, early).await.is_err() {
+            return;
+        }
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        loop {
+            buf.reserve(READ_CHUNK);
+            match reader.read_buf(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    if send_data(agent, connect_id, buf.split().freeze())
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    let to_client = async {
+        while let Some(packet) = queue.recv().await {
+            match packet.payload {
+                Some(Payload::Data(data)) => {
+                    if writer.write_all(&data.data).await.is_err() {
+                        return;
+                    }
+                }
+                // CLOSE_RSP, DIAL_CLS: the agent closed the connection.
+                _ => return,
+            }
+        }
+    };
+    tokio::select! {
+        _ = to_agent => {}
+        _ = to_client => {}
+        _ = shared.hard_stop.cancelled() => {}
+    }
+    let _ = writer.shutdown().await;
+}
+
+async fn send_data(agent: &AgentSession, connect_id: i64, data: Bytes) -> Result<(), ()> {
+    let packet = packet(
+        PacketType::Data,
+        Payload::Data(Data {
+            connect_id,
+            error: String::new(),
+            data,
+        }),
+    );
+    agent.send(packet).await.map_err(|_| ())
+}
+
+/// Removes what the tunnel still holds at its agent and tells the agent.
+async fn release(shared: &Shared, agent: &AgentSession, link: &Arc<FrontendLink>, dial_id: i64) {
+    match agent.release(link, dial_id) {
+        Released::Pending(id) => {
+            shared.metrics.dial_failure(DialFailure::FrontendClose);
+            send_to_agent_bounded(agent, dial_close(id)).await;
+        }
+        Released::Established(id) => send_to_agent_bounded(agent, close_request(id)).await,
+        Released::Nothing => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dial_errors_map_like_upstream() {
+        assert_eq!(
+            status_for_dial_error("dial tcp 1.2.3.4:80: i/o timeout"),
+            "504 Gateway Timeout"
+        );
+        assert_eq!(
+            status_for_dial_error("context deadline exceeded"),
+            "504 Gateway Timeout"
+        );
+        assert_eq!(
+            status_for_dial_error("accept: Too Many Open Files"),
+            "503 Service Unavailable"
+        );
+        assert_eq!(
+            status_for_dial_error("dial tcp 127.0.0.1:1: connect: connection refused"),
+            "502 Bad Gateway"
+        );
+        assert_eq!(
+            status_for_dial_error("dial tcp: lookup x: no such host"),
+            "502 Bad Gateway"
+        );
+    }
+}
