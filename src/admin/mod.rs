@@ -1,6 +1,7 @@
 //! The health port (/healthz, /readyz, /ready, /metrics) and the admin port (/metrics).
 
 pub mod metrics;
+pub mod profiling;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -52,12 +53,81 @@ fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
     }
 }
 
+/// Connected agents, for operators: identifiers, stream age, draining, routes.
+fn agents_response(shared: &Shared) -> Response<Full<Bytes>> {
+    let agents: Vec<serde_json::Value> = shared
+        .registry
+        .agents()
+        .iter()
+        .map(|agent| {
+            let (pending, established) = agent.counts();
+            let ids = &agent.identifiers;
+            serde_json::json!({
+                "agent_id": agent.agent_id,
+                "stream": agent.uid,
+                "identifiers": {
+                    "host": ids.host, "ipv4": ids.ipv4, "ipv6": ids.ipv6, "cidr": ids.cidr,
+                    "default_route": ids.default_route,
+                },
+                "stream_age_seconds": agent.connected_at.elapsed().as_secs_f64(),
+                "draining": agent.is_draining(),
+                "pending_dials": pending,
+                "tunnels": established,
+            })
+        })
+        .collect();
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(
+            serde_json::to_vec_pretty(&agents).expect("JSON values serialize"),
+        )))
+        .expect("static response parts are valid")
+}
+
+fn redirect(to: &str) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(StatusCode::MOVED_PERMANENTLY)
+        .header("location", to)
+        .body(Full::new(Bytes::new()))
+        .expect("static response parts are valid")
+}
+
+const PPROF_INDEX: &str = "konnectivity-server profiles\n\
+    /debug/pprof/profile?seconds=N  CPU profile (pprof protobuf; `go tool pprof URL`)\n\
+    /debug/pprof/heap               allocator heap summary (text)\n";
+
 /// Routes one request. Every method is accepted, as Go's ServeMux does.
-pub fn route(port: Port, shared: &Shared, path: &str) -> Response<Full<Bytes>> {
+pub async fn route(
+    port: Port,
+    shared: &Shared,
+    path: &str,
+    query: Option<&str>,
+) -> Response<Full<Bytes>> {
+    let profiling = port == Port::Admin && shared.snapshot().config.enable_profiling;
     match (port, path) {
         (_, "/metrics") => metrics_response(shared),
         (Port::Health, "/healthz") => text(StatusCode::OK, "ok"),
         (Port::Health, "/readyz" | "/ready") => readiness(shared),
+        (Port::Admin, "/agents") => agents_response(shared),
+        (Port::Admin, "/debug/pprof") if profiling => redirect("/debug/pprof/"),
+        (Port::Admin, "/debug/pprof/") if profiling => text(StatusCode::OK, PPROF_INDEX),
+        (Port::Admin, "/debug/pprof/heap") if profiling => {
+            text(StatusCode::OK, profiling::heap_summary())
+        }
+        (Port::Admin, "/debug/pprof/profile") if profiling => {
+            let seconds = profiling::profile_seconds(query);
+            match tokio::task::spawn_blocking(move || profiling::cpu_profile(seconds)).await {
+                Ok(Ok(profile)) => Response::builder()
+                    .status(StatusCode::OK)
+                    .header("content-type", "application/octet-stream")
+                    .header("content-disposition", "attachment; filename=\"profile\"")
+                    .body(Full::new(Bytes::from(profile)))
+                    .expect("static response parts are valid"),
+                Ok(Err(e)) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            }
+        }
         _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
     }
 }
@@ -83,8 +153,11 @@ pub fn spawn_http(tasks: &TaskTracker, listener: TcpListener, port: Port, shared
             let stop = stop.clone();
             connections.spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let response = route(port, &shared, req.uri().path());
-                    async move { Ok::<_, Infallible>(response) }
+                    let shared = shared.clone();
+                    async move {
+                        let uri = req.uri();
+                        Ok::<_, Infallible>(route(port, &shared, uri.path(), uri.query()).await)
+                    }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .header_read_timeout(std::time::Duration::from_secs(60))
