@@ -31,8 +31,6 @@ pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Go's default TCP keepalive on accepted sockets.
 const TCP_KEEPALIVE: Duration = Duration::from_secs(15);
-/// Bytes a tunnel may have queued toward a slow frontend before it is closed.
-pub const DEFAULT_FRONTEND_QUEUE_BYTES: usize = 32 << 20;
 /// After the drain, how long stopping the servers may take.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -108,8 +106,13 @@ impl Snapshot {
         })
     }
 
-    pub fn frontend_queue_bytes(&self) -> usize {
-        DEFAULT_FRONTEND_QUEUE_BYTES.max(MAX_MESSAGE_BYTES)
+    /// The limits a new tunnel's queue toward its frontend gets.
+    pub fn queue_limits(&self) -> crate::tunnel::QueueLimits {
+        crate::tunnel::QueueLimits {
+            packets: self.config.frontend_write_channel_size,
+            bytes: self.config.frontend_queue_limit_bytes,
+            stall: self.config.frontend_queue_stall_timeout,
+        }
     }
 }
 
@@ -407,6 +410,11 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
             spawn_http_connect_frontend(&shared, &servers, listeners.frontend, &accept_stop)
         }
     }
+    let sweeper = shared.clone();
+    servers.spawn(async move {
+        let stop = sweeper.hard_stop.clone();
+        crate::tunnel::sweep_stalled_tunnels(&sweeper.registry, &sweeper.metrics, stop).await
+    });
     crate::admin::spawn_http(
         &servers,
         listeners.health,

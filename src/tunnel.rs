@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -85,12 +85,89 @@ pub enum Delivery {
     Overflow,
 }
 
+/// How much a tunnel may have queued toward its frontend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueLimits {
+    /// Packets held without limit (upstream's --frontend-write-channel-size); beyond this the
+    /// queue is full.
+    pub packets: usize,
+    /// Bytes a full queue may hold.
+    pub bytes: usize,
+    /// How long a full queue may go without the frontend taking anything.
+    pub stall: Duration,
+}
+
+/// Queue accounting shared by a link and its queue.
+struct QueueState {
+    packets: AtomicUsize,
+    bytes: AtomicUsize,
+    /// Milliseconds since `epoch` (plus one) when the queue last became full or last made
+    /// progress while full; 0 while not full.
+    full_since: AtomicU64,
+    epoch: Instant,
+    limits: QueueLimits,
+    metrics: Arc<Metrics>,
+}
+
+impl QueueState {
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    fn mark_full(&self) -> u64 {
+        let now = self.now();
+        match self
+            .full_since
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                self.metrics.full_frontend_write_queues.inc();
+                now
+            }
+            Err(since) => since,
+        }
+    }
+
+    fn stalled_for(&self) -> Option<Duration> {
+        match self.full_since.load(Ordering::Acquire) {
+            0 => None,
+            since => Some(Duration::from_millis(self.now().saturating_sub(since))),
+        }
+    }
+
+    /// The frontend took a packet: a queue back within its length is no longer full, and a
+    /// full one has made progress, which restarts its stall clock.
+    fn took(&self, bytes: usize) {
+        let left = self.packets.fetch_sub(1, Ordering::AcqRel) - 1;
+        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        if left <= self.limits.packets {
+            if self.full_since.swap(0, Ordering::AcqRel) != 0 {
+                self.metrics.full_frontend_write_queues.dec();
+            }
+        } else {
+            let now = self.now();
+            let _ = self
+                .full_since
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    (v != 0).then_some(now)
+                });
+        }
+    }
+}
+
+impl Drop for QueueState {
+    fn drop(&mut self) {
+        if *self.full_since.get_mut() != 0 {
+            self.metrics.full_frontend_write_queues.dec();
+        }
+    }
+}
+
 /// The sending side of one frontend stream (one tunnel).
 pub struct FrontendLink {
     pub uid: u64,
     tx: mpsc::UnboundedSender<Packet>,
-    queued_bytes: Arc<AtomicUsize>,
-    byte_limit: usize,
+    state: Arc<QueueState>,
     /// The agent's connect id once established; 0 before. Written under the owning agent
     /// session's route lock, so cleanup and establishment agree on it.
     connect_id: AtomicI64,
@@ -98,22 +175,24 @@ pub struct FrontendLink {
 }
 
 impl FrontendLink {
-    pub fn new(byte_limit: usize, metrics: Arc<Metrics>) -> (Arc<FrontendLink>, FrontendQueue) {
+    pub fn new(limits: QueueLimits, metrics: Arc<Metrics>) -> (Arc<FrontendLink>, FrontendQueue) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let queued_bytes = Arc::new(AtomicUsize::new(0));
+        let state = Arc::new(QueueState {
+            packets: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+            full_since: AtomicU64::new(0),
+            epoch: Instant::now(),
+            limits,
+            metrics: metrics.clone(),
+        });
         let link = Arc::new(FrontendLink {
             uid: NEXT_LINK_UID.fetch_add(1, Ordering::Relaxed),
             tx,
-            queued_bytes: queued_bytes.clone(),
-            byte_limit,
+            state: state.clone(),
             connect_id: AtomicI64::new(0),
             metrics: metrics.clone(),
         });
-        let queue = FrontendQueue {
-            rx,
-            queued_bytes,
-            metrics,
-        };
+        let queue = FrontendQueue { rx, state, metrics };
         (link, queue)
     }
 
@@ -125,7 +204,14 @@ impl FrontendLink {
         self.connect_id.store(connect_id, Ordering::Release);
     }
 
-    /// Queues a packet without waiting. DATA counts against the byte limit; control packets
+    /// Whether this tunnel's full queue has gone longer than its stall limit without progress.
+    pub fn is_stalled(&self) -> bool {
+        self.state
+            .stalled_for()
+            .is_some_and(|d| d > self.state.limits.stall)
+    }
+
+    /// Queues a packet without waiting. DATA counts against the limits; control packets
     /// always pass, so a close can still reach a frontend whose queue is full.
     pub fn deliver(&self, packet: Packet) -> Delivery {
         let started = Instant::now();
@@ -133,10 +219,14 @@ impl FrontendLink {
             Some(Payload::Data(d)) => d.data.len(),
             _ => 0,
         };
-        if bytes > 0 {
-            let queued = self.queued_bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
-            if queued > self.byte_limit {
-                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        let state = &self.state;
+        let packets = state.packets.fetch_add(1, Ordering::AcqRel) + 1;
+        let queued = state.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        if bytes > 0 && packets > state.limits.packets {
+            state.mark_full();
+            if queued > state.limits.bytes || self.is_stalled() {
+                state.packets.fetch_sub(1, Ordering::AcqRel);
+                state.bytes.fetch_sub(bytes, Ordering::AcqRel);
                 return Delivery::Overflow;
             }
         }
@@ -151,7 +241,8 @@ impl FrontendLink {
                 Delivery::Queued
             }
             Err(_) => {
-                self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+                state.packets.fetch_sub(1, Ordering::AcqRel);
+                state.bytes.fetch_sub(bytes, Ordering::AcqRel);
                 Delivery::Gone
             }
         }
@@ -166,15 +257,17 @@ impl FrontendLink {
 /// HTTP-CONNECT socket.
 pub struct FrontendQueue {
     rx: mpsc::UnboundedReceiver<Packet>,
-    queued_bytes: Arc<AtomicUsize>,
+    state: Arc<QueueState>,
     metrics: Arc<Metrics>,
 }
 
 impl FrontendQueue {
     fn account(&self, packet: &Packet) {
-        if let Some(Payload::Data(d)) = &packet.payload {
-            self.queued_bytes.fetch_sub(d.data.len(), Ordering::AcqRel);
-        }
+        let bytes = match &packet.payload {
+            Some(Payload::Data(d)) => d.data.len(),
+            _ => 0,
+        };
+        self.state.took(bytes);
         self.metrics
             .packet(Segment::ToClient, packet_type_name(packet.r#type));
     }
@@ -332,17 +425,51 @@ async fn on_data(agent: &AgentSession, metrics: &Metrics, connect_id: i64, packe
                 send_to_agent_bounded(agent, close_request(connect_id)).await;
             }
         }
-        Delivery::Overflow => {
-            if agent.remove_established(connect_id).is_some() {
-                metrics.frontend_queue_overflows.inc();
-                tracing::warn!(
-                    agent_id = %agent.agent_id,
-                    connect_id,
-                    frontend = link.uid,
-                    "closing tunnel: its frontend stopped reading and its queue passed the limit"
-                );
-                link.deliver(close_response(connect_id, FRONTEND_QUEUE_OVERFLOW));
-                send_to_agent_bounded(agent, close_request(connect_id)).await;
+        Delivery::Overflow => close_backlogged(agent, metrics, connect_id, &link).await,
+    }
+}
+
+/// Closes a tunnel whose frontend fell behind past its limits: CLOSE_REQ to the agent, a
+/// CLOSE_RSP with an error to the frontend (HTTP-CONNECT closes the socket), a counter, and
+/// one log line naming the tunnel.
+pub async fn close_backlogged(
+    agent: &AgentSession,
+    metrics: &Metrics,
+    connect_id: i64,
+    link: &FrontendLink,
+) {
+    if agent.remove_established(connect_id).is_none() {
+        return;
+    }
+    metrics.frontend_queue_overflows.inc();
+    tracing::warn!(
+        agent_id = %agent.agent_id,
+        connect_id,
+        frontend = link.uid,
+        "closing tunnel: its frontend stopped reading and its queue passed the byte or stall limit"
+    );
+    link.deliver(close_response(connect_id, FRONTEND_QUEUE_OVERFLOW));
+    send_to_agent_bounded(agent, close_request(connect_id)).await;
+}
+
+/// Closes tunnels whose full queues made no progress for their stall limit, also when no
+/// new data arrives to notice it. Runs once a second until `stop`.
+pub async fn sweep_stalled_tunnels(
+    registry: &crate::backend::Registry,
+    metrics: &Metrics,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        for agent in registry.agents() {
+            for (connect_id, link) in agent.established_links() {
+                if link.is_stalled() {
+                    close_backlogged(&agent, metrics, connect_id, &link).await;
+                }
             }
         }
     }
@@ -358,5 +485,89 @@ pub fn teardown_agent(agent: &AgentSession, metrics: &Metrics) {
     }
     for (connect_id, tunnel) in established {
         tunnel.link.deliver(close_response(connect_id, ""));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::Data;
+
+    fn data(len: usize) -> Packet {
+        packet(
+            PacketType::Data,
+            Payload::Data(Data {
+                connect_id: 1,
+                error: String::new(),
+                data: bytes::Bytes::from(vec![0u8; len]),
+            }),
+        )
+    }
+
+    fn limits(packets: usize, bytes: usize, stall: Duration) -> QueueLimits {
+        QueueLimits {
+            packets,
+            bytes,
+            stall,
+        }
+    }
+
+    #[test]
+    fn a_queue_within_its_length_is_never_full() {
+        let metrics = Arc::new(Metrics::new());
+        let (link, _queue) =
+            FrontendLink::new(limits(3, 10, Duration::from_secs(60)), metrics.clone());
+        for _ in 0..3 {
+            assert_eq!(
+                link.deliver(data(100)),
+                Delivery::Queued,
+                "bytes only count once full"
+            );
+        }
+        assert_eq!(metrics.full_frontend_write_queues.get(), 0);
+    }
+
+    #[test]
+    fn a_full_queue_overflows_past_its_byte_limit_and_recovers_when_drained() {
+        let metrics = Arc::new(Metrics::new());
+        let (link, mut queue) =
+            FrontendLink::new(limits(1, 250, Duration::from_secs(60)), metrics.clone());
+        assert_eq!(link.deliver(data(100)), Delivery::Queued);
+        assert_eq!(link.deliver(data(100)), Delivery::Queued);
+        assert_eq!(metrics.full_frontend_write_queues.get(), 1);
+        assert_eq!(link.deliver(data(100)), Delivery::Overflow);
+        // Control packets still pass, so the close reaches the frontend.
+        assert_eq!(link.deliver(close_response(1, "x")), Delivery::Queued);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            queue.recv().await.unwrap();
+            queue.recv().await.unwrap();
+        });
+        assert_eq!(
+            metrics.full_frontend_write_queues.get(),
+            0,
+            "drained back within its length"
+        );
+        drop((link, queue));
+        assert_eq!(metrics.full_frontend_write_queues.get(), 0);
+    }
+
+    #[test]
+    fn a_full_queue_without_progress_is_stalled() {
+        let metrics = Arc::new(Metrics::new());
+        let (link, queue) = FrontendLink::new(limits(0, 1 << 20, Duration::ZERO), metrics.clone());
+        assert_eq!(link.deliver(data(10)), Delivery::Queued);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(link.is_stalled());
+        assert_eq!(link.deliver(data(10)), Delivery::Overflow);
+        drop(queue);
+        drop(link);
+        assert_eq!(
+            metrics.full_frontend_write_queues.get(),
+            0,
+            "the gauge returns to zero"
+        );
     }
 }

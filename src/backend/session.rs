@@ -193,6 +193,15 @@ impl AgentSession {
         }
     }
 
+    /// Every established tunnel of this stream, for the stall sweeper.
+    pub fn established_links(&self) -> Vec<(i64, Arc<FrontendLink>)> {
+        self.routes()
+            .established
+            .iter()
+            .map(|(id, e)| (*id, e.link.clone()))
+            .collect()
+    }
+
     pub fn tunnel(&self, connect_id: i64) -> Option<Arc<FrontendLink>> {
         self.routes()
             .established

@@ -95,6 +95,14 @@ pub struct Options {
     /// Packets queued per tunnel toward its frontend. 0 writes without a queue.
     #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     pub frontend_write_channel_size: i64,
+    /// Beyond upstream: bytes a tunnel's full queue toward its frontend may hold before the
+    /// tunnel is closed (instead of stalling every tunnel on its agent).
+    #[arg(long, default_value_t = 16 << 20, allow_negative_numbers = true)]
+    pub frontend_queue_limit_bytes: i64,
+    /// Beyond upstream: how long a tunnel's full queue may go without its frontend taking
+    /// anything before the tunnel is closed.
+    #[arg(long, default_value = "30s", allow_hyphen_values = true)]
+    pub frontend_queue_stall_timeout: GoDuration,
 
     // --- agents ---
     /// Agent port (always TLS).

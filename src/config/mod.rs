@@ -83,6 +83,9 @@ pub fn parse_tls_version(text: &str) -> Result<TlsVersion, String> {
     })
 }
 
+/// The smallest per-tunnel queue limit: one maximum-size gRPC message must fit.
+pub const MIN_FRONTEND_QUEUE_BYTES: i64 = 4 << 20;
+
 /// Cipher suite names Go's `tls.CipherSuites()` lists (the ones upstream accepts).
 pub const GO_ACCEPTED_CIPHER_SUITES: &[&str] = &[
     "TLS_RSA_WITH_AES_128_CBC_SHA",
@@ -253,6 +256,18 @@ impl Options {
                 self.frontend_write_channel_size
             ));
         }
+        if self.frontend_queue_limit_bytes < MIN_FRONTEND_QUEUE_BYTES {
+            return fail(format!(
+                "frontend-queue-limit-bytes {} must be at least {MIN_FRONTEND_QUEUE_BYTES} (one 4 MiB message)",
+                self.frontend_queue_limit_bytes
+            ));
+        }
+        if self.frontend_queue_stall_timeout.0 <= 0 {
+            return fail(format!(
+                "frontend-queue-stall-timeout must be > 0, got {}",
+                self.frontend_queue_stall_timeout
+            ));
+        }
         parse_tls_version(&self.tls_min_version).map_err(ValidationError)?;
         for suite in &self.cipher_suites {
             if !GO_ACCEPTED_CIPHER_SUITES.contains(&suite.as_str()) {
@@ -349,6 +364,8 @@ pub struct Config {
     pub proxy_strategies: Vec<Strategy>,
     pub xfr_channel_size: usize,
     pub frontend_write_channel_size: usize,
+    pub frontend_queue_limit_bytes: usize,
+    pub frontend_queue_stall_timeout: Duration,
     pub keepalive_time: Duration,
     pub frontend_keepalive_time: Duration,
     /// None when disabled (0).
@@ -458,6 +475,8 @@ impl Config {
                 .map_err(ValidationError)?,
             xfr_channel_size: options.xfr_channel_size as usize,
             frontend_write_channel_size: options.frontend_write_channel_size as usize,
+            frontend_queue_limit_bytes: options.frontend_queue_limit_bytes as usize,
+            frontend_queue_stall_timeout: options.frontend_queue_stall_timeout.to_std(),
             keepalive_time: options.keepalive_time.to_std(),
             frontend_keepalive_time: options.frontend_keepalive_time.to_std(),
             backend_dial_timeout: nonzero(options.backend_dial_timeout),

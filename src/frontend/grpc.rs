@@ -39,7 +39,7 @@ impl ProxyService for ProxyFrontend {
     ) -> Result<Response<FrontendQueue>, Status> {
         let shared = self.shared.clone();
         let (link, queue) = FrontendLink::new(
-            shared.snapshot().frontend_queue_bytes(),
+            shared.snapshot().queue_limits(),
             shared.metrics.clone(),
         );
         let tunnel = GrpcTunnel {

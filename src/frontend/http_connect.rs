@@ -182,7 +182,7 @@ where
         return answer(&mut stream, NO_AGENT).await;
     };
     let snapshot = shared.snapshot();
-    let (link, mut queue) = FrontendLink::new(snapshot.frontend_queue_bytes(), metrics.clone());
+    let (link, mut queue) = FrontendLink::new(snapshot.queue_limits(), metrics.clone());
     let dial_id = fastrand::i64(0..i64::MAX);
     if let Err(e) = agent.add_pending(dial_id, link.clone()) {
         metrics.dial_failure(DialFailure::BackendClose);
