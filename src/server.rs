@@ -368,8 +368,25 @@ impl RunningServer {
     }
 }
 
+/// Says loudly what an operator may not have meant.
+fn warn_about_exposure(config: &Config) {
+    if config.cluster_ca_cert.is_none() && !config.token_auth {
+        tracing::warn!(
+            "the agent port verifies no client certificate (--cluster-ca-cert) and no token \
+             (--agent-namespace): any host that can reach it can register as an agent"
+        );
+    }
+    if config.tls_min_version < crate::config::TlsVersion::Tls12 {
+        tracing::warn!(
+            "--tls-min-version below VersionTLS12 is accepted for compatibility, but TLS 1.2 \
+             is the floor: older versions are insecure (RFC 8996) and not offered"
+        );
+    }
+}
+
 /// Starts serving on `listeners` and returns at once.
 pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunError> {
+    warn_about_exposure(&config);
     let snapshot = Snapshot::build(config)?;
     let config = snapshot.config.clone();
     let metrics = Arc::new(Metrics::new());

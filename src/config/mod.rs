@@ -372,6 +372,8 @@ pub struct Config {
     pub backend_dial_timeout: Option<Duration>,
     pub graceful_shutdown_timeout: Duration,
     pub enable_profiling: bool,
+    /// Agents authenticate with a service-account token (--agent-namespace set).
+    pub token_auth: bool,
     pub verbosity: u32,
     pub vmodule: String,
     pub log_format: LogFormat,
@@ -482,6 +484,7 @@ impl Config {
             backend_dial_timeout: nonzero(options.backend_dial_timeout),
             graceful_shutdown_timeout: options.graceful_shutdown_timeout.to_std(),
             enable_profiling: options.enable_profiling,
+            token_auth: !options.agent_namespace.is_empty(),
             verbosity: options.v,
             vmodule: options.vmodule.clone(),
             log_format: match options.log_format.as_str() {
