@@ -8,6 +8,7 @@ pub mod backend;
 pub mod config;
 pub mod dev;
 pub mod frontend;
+pub mod kubernetes;
 pub mod lifecycle;
 pub mod server;
 pub mod tls;

@@ -126,6 +126,8 @@ pub struct Shared {
     pub hard_stop: CancellationToken,
     /// Every stream's task, so shutdown can wait for them.
     pub tasks: TaskTracker,
+    /// Set when agents authenticate with tokens.
+    pub authenticator: Option<crate::kubernetes::auth::TokenAuthenticator>,
 }
 
 impl Shared {
@@ -390,7 +392,22 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
     let snapshot = Snapshot::build(config)?;
     let config = snapshot.config.clone();
     let metrics = Arc::new(Metrics::new());
+    let kube = (config.token_auth || config.enable_lease_controller).then(|| {
+        Arc::new(crate::kubernetes::Kube::new(
+            config.kubeconfig.clone(),
+            config.kubeconfig_qps,
+            config.kubeconfig_burst,
+        ))
+    });
+    let authenticator = match (&kube, config.token_auth) {
+        (Some(kube), true) => Some(crate::kubernetes::auth::TokenAuthenticator::new(
+            kube.clone(),
+            config.agent_token_cache_ttl,
+        )),
+        _ => None,
+    };
     let shared = Arc::new(Shared {
+        authenticator,
         registry: Registry::new(&config.proxy_strategies, metrics.clone()),
         snapshot: ArcSwap::from_pointee(snapshot),
         metrics,
@@ -426,6 +443,16 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         Mode::HttpConnect => {
             spawn_http_connect_frontend(&shared, &servers, listeners.frontend, &accept_stop)
         }
+    }
+    if let (Some(kube), true) = (&kube, config.enable_lease_controller) {
+        let controller = crate::kubernetes::leases::LeaseController {
+            kube: kube.clone(),
+            namespace: config.lease_namespace.clone(),
+            labels: config.lease_labels.clone(),
+            server_id: config.server_id.clone(),
+            metrics: shared.metrics.clone(),
+        };
+        servers.spawn(controller.run(shared.hard_stop.clone()));
     }
     let sweeper = shared.clone();
     servers.spawn(async move {

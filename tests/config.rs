@@ -217,7 +217,7 @@ fn every_upstream_validation_message_verbatim() {
         (vec![u.into(), "--server-port=0".into(), "--frontend-write-channel-size=-1".into()], "frontend write channel size -1 must be greater than or equal to 0".into()),
         (vec![u.into(), "--server-port=0".into(), "--tls-min-version=VersionTLS14".into()], "unsupported TLS version \"VersionTLS14\", supported values are: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13".into()),
         (vec![u.into(), "--server-port=0".into(), "--cipher-suites=TLS_RSA_WITH_RC4_128_SHA".into()], "cipher suite TLS_RSA_WITH_RC4_128_SHA not supported, doesn't exist or considered as insecure".into()),
-        (vec![u.into(), "--server-port=0".into(), "--enable-lease-controller".into(), "--lease-label=novalue".into()], "invalid label format: \"novalue\"".into()),
+        (vec![u.into(), "--server-port=0".into(), "--enable-lease-controller".into(), "--lease-label=novalue".into()], "invalid label format: novalue".into()),
         (vec![u.into(), "--server-port=0".into(), "--graceful-shutdown-timeout=-1s".into()], "graceful-shutdown-timeout must be >= 0, got -1s".into()),
         (vec![u.into(), "--server-port=0".into(), "--backend-dial-timeout=-1h30m".into()], "backend-dial-timeout must be >= 0, got -1h30m0s".into()),
         // Two errors at once: the earlier rule wins, as upstream orders them.

@@ -81,6 +81,14 @@ pub struct Metrics {
     pub frontend_queue_overflows: prometheus::IntCounter,
     /// Beyond upstream: payload bytes relayed, by direction.
     relayed_bytes: IntCounterVec,
+    pub culled_leases_count: prometheus::IntCounter,
+    lease_delete_latency: prometheus::HistogramVec,
+    lease_delete_total: IntCounterVec,
+    lease_list_latency: prometheus::HistogramVec,
+    lease_list_total: IntCounterVec,
+    /// Beyond upstream: TokenReviews by result, and reviews answered from the cache.
+    token_reviews: IntCounterVec,
+    token_review_cache_hits: prometheus::IntCounter,
     /// Beyond upstream: reloads by result (success, failure).
     reloads: IntCounterVec,
     /// Beyond upstream: when the last successful reload happened.
@@ -180,6 +188,36 @@ impl Metrics {
                 opts("relayed_bytes_total", "Payload bytes relayed between frontends and agents, by direction."),
                 &["direction"],
             ).unwrap(),
+            culled_leases_count: prometheus::IntCounter::with_opts(opts(
+                "culled_leases_count",
+                "Count of expired leases that the lease garbage collection controller has culled.",
+            )).unwrap(),
+            lease_delete_latency: prometheus::HistogramVec::new(
+                HistogramOpts::new("lease_delete_latency_seconds", "Latency of lease deletion calls by the garbage collection controller in seconds.")
+                    .namespace(NAMESPACE).subsystem(SUBSYSTEM),
+                &["http_status_code"],
+            ).unwrap(),
+            lease_delete_total: IntCounterVec::new(
+                opts("lease_delete_total", "Count of lease delection calls by the garbage collection controller. Labeled by HTTP status code and reason."),
+                &["http_status_code", "reason"],
+            ).unwrap(),
+            lease_list_latency: prometheus::HistogramVec::new(
+                HistogramOpts::new("lease_list_latency_seconds", "Latency of lease list calls by the garbage collection controller in seconds.")
+                    .namespace(NAMESPACE).subsystem(SUBSYSTEM),
+                &["http_status_code"],
+            ).unwrap(),
+            lease_list_total: IntCounterVec::new(
+                opts("lease_list_total", "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason."),
+                &["http_status_code", "reason"],
+            ).unwrap(),
+            token_reviews: IntCounterVec::new(
+                opts("token_reviews_total", "TokenReviews sent to the API server for agent authentication, by result (ok, error)."),
+                &["result"],
+            ).unwrap(),
+            token_review_cache_hits: prometheus::IntCounter::with_opts(opts(
+                "token_review_cache_hits_total",
+                "Agent tokens accepted from the review cache without a TokenReview.",
+            )).unwrap(),
             reloads: IntCounterVec::new(
                 opts("reloads_total", "Configuration reloads, by result (success or failure)."),
                 &["result"],
@@ -220,6 +258,13 @@ impl Metrics {
             Box::new(self.stream_errors.clone()),
             Box::new(self.frontend_queue_overflows.clone()),
             Box::new(self.relayed_bytes.clone()),
+            Box::new(self.culled_leases_count.clone()),
+            Box::new(self.lease_delete_latency.clone()),
+            Box::new(self.lease_delete_total.clone()),
+            Box::new(self.lease_list_latency.clone()),
+            Box::new(self.lease_list_total.clone()),
+            Box::new(self.token_reviews.clone()),
+            Box::new(self.token_review_cache_hits.clone()),
             Box::new(self.reloads.clone()),
             Box::new(self.last_reload_success.clone()),
             Box::new(self.build_info.clone()),
@@ -253,6 +298,27 @@ impl Metrics {
         self.stream_errors
             .with_label_values(&[segment.label(), &code, packet_type])
             .inc();
+    }
+
+    /// Records a lease API call (`list` or `delete`) of the garbage collector.
+    pub fn lease_call(&self, call: &str, code: &str, reason: &str, took: std::time::Duration) {
+        let (latency, total) = match call {
+            "list" => (&self.lease_list_latency, &self.lease_list_total),
+            _ => (&self.lease_delete_latency, &self.lease_delete_total),
+        };
+        latency
+            .with_label_values(&[code])
+            .observe(took.as_secs_f64());
+        total.with_label_values(&[code, reason]).inc();
+    }
+
+    pub fn token_review(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.token_reviews.with_label_values(&[result]).inc();
+    }
+
+    pub fn token_review_cache_hit(&self) {
+        self.token_review_cache_hits.inc();
     }
 
     pub fn reload(&self, success: bool) {

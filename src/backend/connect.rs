@@ -74,6 +74,20 @@ impl AgentService for AgentServer {
             return Err(Status::unavailable("konnectivity-server is shutting down"));
         }
         let snapshot = shared.snapshot();
+        if let Some(authenticator) = &shared.authenticator {
+            let expected = crate::kubernetes::auth::Expected {
+                namespace: snapshot.config.agent_namespace.clone(),
+                service_account: snapshot.config.agent_service_account.clone(),
+                audience: snapshot.config.authentication_audience.clone(),
+            };
+            if let Err(message) = authenticator
+                .authenticate(request.metadata(), &expected, &shared.metrics)
+                .await
+            {
+                tracing::warn!(agent_id = %agent_id, error = %message, "agent authentication failed");
+                return Err(Status::unknown(message));
+            }
+        }
         let server_id = MetadataValue::try_from(snapshot.config.server_id.as_str())
             .map_err(|_| Status::internal("server id is not valid metadata"))?;
         let server_count = MetadataValue::from(snapshot.config.server_count);

@@ -177,6 +177,10 @@ pub struct Options {
     /// Absolute path to a kubeconfig; empty means in-cluster configuration.
     #[arg(long, default_value = "")]
     pub kubeconfig: String,
+    /// Beyond upstream: how long a successful TokenReview may be reused for the same token
+    /// (never past the token's expiry); 0 disables the cache.
+    #[arg(long, default_value = "1m0s", allow_hyphen_values = true)]
+    pub agent_token_cache_ttl: GoDuration,
     /// Kubernetes client QPS; 0 means the client default.
     #[arg(long, default_value_t = 0.0)]
     pub kubeconfig_qps: f32,

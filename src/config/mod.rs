@@ -5,6 +5,7 @@ mod duration;
 mod flags;
 pub mod layers;
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -301,12 +302,17 @@ impl Options {
     }
 }
 
-/// Parses `k=v,k2=v2` lease labels.
-pub fn parse_labels(text: &str) -> Result<Vec<(String, String)>, String> {
+/// Parses `k=v,k2=v2` lease labels as upstream: pairs trimmed of whitespace.
+pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
+    if text.trim().is_empty() {
+        return Err("empty string provided".into());
+    }
     text.split(',')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-            _ => Err(format!("invalid label format: {pair:?}")),
+        .map(|pair| match pair.trim().split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => {
+                Ok((k.trim().to_string(), v.trim().to_string()))
+            }
+            _ => Err(format!("invalid label format: {pair}")),
         })
         .collect()
 }
@@ -374,6 +380,17 @@ pub struct Config {
     pub enable_profiling: bool,
     /// Agents authenticate with a service-account token (--agent-namespace set).
     pub token_auth: bool,
+    pub agent_namespace: String,
+    pub agent_service_account: String,
+    pub authentication_audience: String,
+    pub agent_token_cache_ttl: Duration,
+    /// None: in-cluster configuration.
+    pub kubeconfig: Option<PathBuf>,
+    pub kubeconfig_qps: f32,
+    pub kubeconfig_burst: i64,
+    pub enable_lease_controller: bool,
+    pub lease_namespace: String,
+    pub lease_labels: BTreeMap<String, String>,
     pub verbosity: u32,
     pub vmodule: String,
     pub log_format: LogFormat,
@@ -429,6 +446,13 @@ restart_only_settings!(
     server_id,
     enable_profiling,
     log_format,
+    token_auth,
+    kubeconfig,
+    kubeconfig_qps,
+    kubeconfig_burst,
+    enable_lease_controller,
+    lease_namespace,
+    lease_labels,
 );
 
 impl Config {
@@ -485,6 +509,20 @@ impl Config {
             graceful_shutdown_timeout: options.graceful_shutdown_timeout.to_std(),
             enable_profiling: options.enable_profiling,
             token_auth: !options.agent_namespace.is_empty(),
+            agent_namespace: options.agent_namespace.clone(),
+            agent_service_account: options.agent_service_account.clone(),
+            authentication_audience: options.authentication_audience.clone(),
+            agent_token_cache_ttl: options.agent_token_cache_ttl.to_std(),
+            kubeconfig: non_empty(&options.kubeconfig),
+            kubeconfig_qps: options.kubeconfig_qps,
+            kubeconfig_burst: options.kubeconfig_burst,
+            enable_lease_controller: options.enable_lease_controller,
+            lease_namespace: options.lease_namespace.clone(),
+            lease_labels: if options.enable_lease_controller {
+                parse_labels(&options.lease_label).map_err(ValidationError)?
+            } else {
+                BTreeMap::new()
+            },
             verbosity: options.v,
             vmodule: options.vmodule.clone(),
             log_format: match options.log_format.as_str() {

@@ -123,6 +123,9 @@ func freePort(t *testing.T) int {
 
 type certSet struct {
 	dir, ca, serverCert, serverKey, agentCert, agentKey string
+	// The CA itself, to issue more server certificates (lifecycle_test.go).
+	caCert *x509.Certificate
+	caKey  *rsa.PrivateKey
 }
 
 var (
@@ -163,6 +166,7 @@ func genCerts(dir string) (certSet, error) {
 		return cs, err
 	}
 	caCert, _ := x509.ParseCertificate(caDER)
+	cs.caCert, cs.caKey = caCert, caKey
 	write := func(name, typ string, der []byte) (string, error) {
 		p := filepath.Join(dir, name)
 		return p, os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600)
@@ -221,12 +225,21 @@ type proc struct {
 // (SIGKILL) and dumps the log tail if the test failed.
 func startProc(t *testing.T, name, logDir, bin string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, name, logDir, nil, bin, args...)
+}
+
+// startProcEnv is startProc with extra environment variables ("K=V").
+func startProcEnv(t *testing.T, name, logDir string, extraEnv []string, bin string, args ...string) *proc {
+	t.Helper()
 	logPath := filepath.Join(logDir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, args...)
+	if len(extraEnv) > 0 {
+		cmd.Env = append(os.Environ(), extraEnv...)
+	}
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -443,6 +456,8 @@ func (fe *farEnd) serve(c net.Conn) {
 		}
 	case "HOLD":
 		_, _ = io.Copy(io.Discard, br)
+	default:
+		serveExtra(f, c, br) // lifecycle_test.go
 	}
 }
 
@@ -514,9 +529,27 @@ type env struct {
 	far                              *farEnd
 	ctx                              context.Context
 	nAgents                          int
+	configPath                       string    // --config file (envOpts.config)
+	notify                           *notifier // $NOTIFY_SOCKET listener (envOpts.notify)
+}
+
+// envOpts changes how newEnvWith starts the server (lifecycle scenarios).
+type envOpts struct {
+	// config, if set, returns the TOML written to <dir>/server.toml before the start; the
+	// server gets --config=<that file> and no --cluster-* flags (the file names the certs).
+	config func(e *env) string
+	// notify binds a unixgram socket and passes it as $NOTIFY_SOCKET.
+	notify bool
+	// extraArgs are appended to the server command line.
+	extraArgs []string
 }
 
 func newEnv(t *testing.T, impl, serverBin string, bins binaries) *env {
+	t.Helper()
+	return newEnvWith(t, impl, serverBin, bins, envOpts{})
+}
+
+func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpts) *env {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "konn-")
 	if err != nil {
@@ -533,15 +566,30 @@ func newEnv(t *testing.T, impl, serverBin string, bins binaries) *env {
 	t.Cleanup(cancel)
 	e := &env{t: t, impl: impl, bins: bins, dir: dir, sock: filepath.Join(dir, "konn.sock"), ctx: ctx}
 	cs := getCerts(t)
+	var extraEnv []string
+	if opts.notify {
+		e.notify = newNotifier(t, filepath.Join(dir, "notify.sock"))
+		extraEnv = append(extraEnv, "NOTIFY_SOCKET="+e.notify.path)
+	}
 	for attempt := 1; ; attempt++ {
 		e.agentPort, e.healthPort, e.adminPort = freePort(t), freePort(t), freePort(t)
-		e.server = startProc(t, fmt.Sprintf("server-%s-%d", impl, attempt), dir, serverBin,
+		certArgs := []string{
+			"--cluster-cert=" + cs.serverCert,
+			"--cluster-key=" + cs.serverKey,
+			"--cluster-ca-cert=" + cs.ca,
+		}
+		if opts.config != nil {
+			e.configPath = filepath.Join(dir, "server.toml")
+			if err := os.WriteFile(e.configPath, []byte(opts.config(e)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			certArgs = []string{"--config=" + e.configPath}
+		}
+		args := append([]string{
 			"--mode=grpc",
-			"--uds-name="+e.sock,
-			"--server-port=0",
-			"--cluster-cert="+cs.serverCert,
-			"--cluster-key="+cs.serverKey,
-			"--cluster-ca-cert="+cs.ca,
+			"--uds-name=" + e.sock,
+			"--server-port=0"}, certArgs...)
+		args = append(args,
 			fmt.Sprintf("--agent-port=%d", e.agentPort),
 			fmt.Sprintf("--health-port=%d", e.healthPort),
 			fmt.Sprintf("--admin-port=%d", e.adminPort),
@@ -551,6 +599,8 @@ func newEnv(t *testing.T, impl, serverBin string, bins binaries) *env {
 			"--server-id=interop-"+impl,
 			"--server-count=1",
 		)
+		args = append(args, opts.extraArgs...)
+		e.server = startProcEnv(t, fmt.Sprintf("server-%s-%d", impl, attempt), dir, extraEnv, serverBin, args...)
 		err := e.waitServerUp(20 * time.Second)
 		if err == nil {
 			break
@@ -676,6 +726,17 @@ func (e *env) withAgent(id, bin string) *agentProc {
 // assertQuiescent checks that both server gauges and the far end return to 0.
 func (e *env) assertQuiescent(t *testing.T) {
 	t.Helper()
+	if !e.server.exited() { // drain scenarios end with the server gone
+		e.assertServerQuiescent(t)
+	}
+	eventually(t, 20*time.Second, "far-end connections closed", func() (bool, string) {
+		n := e.far.active.Load()
+		return n == 0, fmt.Sprintf("%d open", n)
+	})
+}
+
+func (e *env) assertServerQuiescent(t *testing.T) {
+	t.Helper()
 	eventually(t, 20*time.Second, "pending_backend_dials and established_connections == 0", func() (bool, string) {
 		m, err := e.serverMetrics()
 		if err != nil {
@@ -683,10 +744,6 @@ func (e *env) assertQuiescent(t *testing.T) {
 		}
 		p, es := m.sum(metricPending), m.sum(metricEstablished)
 		return p == 0 && es == 0, fmt.Sprintf("pending=%v established=%v", p, es)
-	})
-	eventually(t, 20*time.Second, "far-end connections closed", func() (bool, string) {
-		n := e.far.active.Load()
-		return n == 0, fmt.Sprintf("%d open", n)
 	})
 }
 

@@ -38,6 +38,23 @@ type scenario struct {
 	run  func(t *testing.T, e *env)
 }
 
+// scenarioX is a scenario with start options (lifecycle_test.go).
+type scenarioX struct {
+	scenario
+	// oursOnly scenarios are not run against upstream (run.sh shows n/a).
+	oursOnly bool
+	// opts, if set, gives the server start options per implementation.
+	opts func(impl string) envOpts
+}
+
+func allScenarios() []scenarioX {
+	var all []scenarioX
+	for _, sc := range scenarios() {
+		all = append(all, scenarioX{scenario: sc})
+	}
+	return append(all, lifecycleScenarios()...)
+}
+
 func scenarios() []scenario {
 	return []scenario{
 		{"single_request", scSingleRequest},
@@ -103,9 +120,16 @@ func TestInterop(t *testing.T) {
 			if st, err := os.Stat(impl.bin); err != nil || st.Mode()&0o111 == 0 {
 				skipOrFail(t, "%s server binary %q is missing or not executable: %v", impl.name, impl.bin, err)
 			}
-			for _, sc := range scenarios() {
+			for _, sc := range allScenarios() {
+				if sc.oursOnly && impl.name != "ours" {
+					continue
+				}
 				t.Run(sc.name, func(t *testing.T) {
-					e := newEnv(t, impl.name, impl.bin, bins)
+					var opts envOpts
+					if sc.opts != nil {
+						opts = sc.opts(impl.name)
+					}
+					e := newEnvWith(t, impl.name, impl.bin, bins, opts)
 					sc.run(t, e)
 					if !t.Failed() {
 						e.assertQuiescent(t)

@@ -38,6 +38,12 @@ sed -nE \
   -e 's/^ *--- (PASS|FAIL|SKIP): TestInterop\/(ours|upstream)\/([^ ]+) \(.*/\3 \2 \1/p' \
   -e 's/^ *--- (PASS|FAIL|SKIP): TestInterop\/(ours|upstream) \(.*/* \2 \1/p' "$LOG" |
 awk '
+  # A scenario missing for an implementation that did run is ours-only: n/a.
+  function cell(s, impl) {
+    if ((s, impl) in res) return res[s, impl]
+    if (!(impl in whole)) return "-"
+    return (whole[impl] == "SKIP") ? "SKIP" : "n/a"
+  }
   { if ($1 == "*") { whole[$2] = $3; next }
     if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }
     res[$1, $2] = $3 }
@@ -47,13 +53,15 @@ awk '
       s = order[i]; parent = 0
       for (j = 1; j <= n; j++) if (index(order[j], s "/") == 1) parent = 1
       if (parent) continue
-      o = ((s, "ours") in res) ? res[s, "ours"] : (("ours" in whole) ? whole["ours"] : "-")
-      u = ((s, "upstream") in res) ? res[s, "upstream"] : (("upstream" in whole) ? whole["upstream"] : "-")
+      o = cell(s, "ours"); u = cell(s, "upstream")
       printf "%-42s %-8s %-8s\n", s, tolower(o), tolower(u)
     }
     if (n == 0) printf "(no scenario results found)\n"
     for (k in whole) if (whole[k] == "SKIP") printf "%s: whole run skipped\n", k
   }'
+if grep -q 'RELOAD-FIGURES' "$LOG"; then
+  grep -o 'RELOAD-FIGURES.*' "$LOG" | sed 's/^/reload_under_load: /'
+fi
 if grep -q 'KNOWN-UPSTREAM-DIFF' "$LOG"; then
   echo "known upstream differences observed (expected, not failures):"
   grep -o 'KNOWN-UPSTREAM-DIFF.*' "$LOG" | cut -c1-200 | sed 's/^/  /'

@@ -1,0 +1,78 @@
+//! The Kubernetes API: agent token authentication and the lease controller.
+
+pub mod auth;
+pub mod leases;
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use tokio::sync::OnceCell;
+
+/// client-go's defaults, which upstream gets when the flags are 0.
+const DEFAULT_QPS: f32 = 5.0;
+const DEFAULT_BURST: u32 = 10;
+
+/// A lazily built client with client-go's rate limiting (QPS and burst).
+pub struct Kube {
+    kubeconfig: Option<PathBuf>,
+    client: OnceCell<kube::Client>,
+    limiter: DefaultDirectRateLimiter,
+}
+
+impl Kube {
+    /// `qps` and `burst` of 0 mean client-go's defaults (5 and 10), as upstream.
+    pub fn new(kubeconfig: Option<PathBuf>, qps: f32, burst: i64) -> Kube {
+        let qps = if qps > 0.0 { qps } else { DEFAULT_QPS };
+        let burst = u32::try_from(burst)
+            .ok()
+            .filter(|b| *b > 0)
+            .unwrap_or(DEFAULT_BURST);
+        let period = Duration::from_secs_f64(1.0 / f64::from(qps));
+        let quota = Quota::with_period(period)
+            .expect("a positive QPS gives a positive period")
+            .allow_burst(NonZeroU32::new(burst).expect("burst is positive"));
+        Kube {
+            kubeconfig,
+            client: OnceCell::new(),
+            limiter: RateLimiter::direct(quota),
+        }
+    }
+
+    /// The client, built on first use: from --kubeconfig, else the in-cluster configuration
+    /// only (never a kubeconfig from a home directory).
+    pub async fn client(&self) -> Result<kube::Client, String> {
+        self.client
+            .get_or_try_init(|| async {
+                let config = match &self.kubeconfig {
+                    Some(path) => {
+                        let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                            .map_err(|e| format!("reading kubeconfig {}: {e}", path.display()))?;
+                        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                            .await
+                            .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+                    }
+                    None => kube::Config::incluster()
+                        .map_err(|e| format!("in-cluster configuration: {e}"))?,
+                };
+                kube::Client::try_from(config)
+                    .map_err(|e| format!("building the Kubernetes client: {e}"))
+            })
+            .await
+            .cloned()
+    }
+
+    /// Waits for the rate limiter before an API call.
+    pub async fn throttle(&self) {
+        self.limiter.until_ready().await;
+    }
+}
+
+/// The HTTP status of a failed call, for metric labels ("" when there was no response).
+pub fn error_status(error: &kube::Error) -> (String, String) {
+    match error {
+        kube::Error::Api(status) => (status.code.to_string(), status.reason.clone()),
+        other => (String::new(), other.to_string()),
+    }
+}
