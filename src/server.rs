@@ -27,6 +27,9 @@ use crate::tls::{self, TlsError, TlsFiles, TlsPolicy};
 
 /// grpc-go's default maximum received message size.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// HTTP/2 flow-control windows on every gRPC port.
+const STREAM_WINDOW: u32 = 2 << 20;
+const CONNECTION_WINDOW: u32 = 32 << 20;
 /// How long a TLS handshake may take before the connection is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Go's default TCP keepalive on accepted sockets.
@@ -325,7 +328,11 @@ fn grpc_server(keepalive: Duration) -> tonic::transport::Server {
         // grpc-go sets no stream limit; hyper's default of 200 would starve clients that open
         // one stream per dial on a shared connection.
         .max_concurrent_streams(Some(u32::MAX))
-        .http2_adaptive_window(Some(true))
+        // Fixed, generous windows rather than the adaptive (BDP) window: the adaptive one
+        // starts at 64 KiB, and h2 then answers a burst of small frames (many dials at once on
+        // one connection) with GOAWAY ENHANCE_YOUR_CALM, killing every tunnel on it.
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
 }
 
 /// A running server. Dropping it does not stop it; call [`RunningServer::shutdown`].

@@ -69,7 +69,9 @@ fn each_layer_overrides_the_one_below() {
         "--cipher-suites=D",
     ];
     type Expect = (&'static str, toml::Value);
-    let rows: [(&str, Vec<&str>, &[(&str, &str)], [Expect; 5]); 4] = [
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    type Row<'a> = (&'a str, Vec<&'a str>, Env<'a>, [Expect; 5]);
+    let rows: [Row; 4] = [
         (
             "defaults",
             vec!["--config="],
@@ -296,7 +298,10 @@ fn file_errors_name_the_key_and_the_line() {
         out.stderr
     );
     // A value that does not parse is an error naming the variable.
-    let out = run(&["--config="], &[("KONNECTIVITY_SERVER_AGENT_PORT", "eighty")]);
+    let out = run(
+        &["--config="],
+        &[("KONNECTIVITY_SERVER_AGENT_PORT", "eighty")],
+    );
     assert_eq!(out.code, 1);
     assert!(
         out.stderr.contains("KONNECTIVITY_SERVER_AGENT_PORT"),

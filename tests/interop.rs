@@ -21,7 +21,9 @@ fn upstream_agent_and_client_work_with_our_server() {
         .expect("bash runs the harness");
     let stdout = String::from_utf8_lossy(&output.stdout);
     // The scenario table, kept for CI's log and for the closing notes.
-    let summary_start = stdout.find("==================== interop summary").unwrap_or(0);
+    let summary_start = stdout
+        .find("==================== interop summary")
+        .unwrap_or(0);
     let summary = &stdout[summary_start..];
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("interop-summary.txt");
     let _ = std::fs::write(&path, summary);

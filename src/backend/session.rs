@@ -43,6 +43,9 @@ struct Routes {
     closed: bool,
 }
 
+/// Everything a closed route table held: pending dials and established tunnels, by id.
+pub type TornDown = (Vec<(i64, PendingDial)>, Vec<(i64, Established)>);
+
 /// Why a pending dial could not be recorded.
 #[derive(Debug, PartialEq, Eq)]
 pub enum AddPendingError {
@@ -256,7 +259,7 @@ impl AgentSession {
     }
 
     /// Closes the route table for good and hands back every entry it held.
-    pub fn teardown(&self) -> (Vec<(i64, PendingDial)>, Vec<(i64, Established)>) {
+    pub fn teardown(&self) -> TornDown {
         let mut routes = self.routes();
         routes.closed = true;
         let pending: Vec<_> = routes.pending.drain().collect();

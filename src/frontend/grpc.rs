@@ -38,10 +38,8 @@ impl ProxyService for ProxyFrontend {
         request: Request<Streaming<Packet>>,
     ) -> Result<Response<FrontendQueue>, Status> {
         let shared = self.shared.clone();
-        let (link, queue) = FrontendLink::new(
-            shared.snapshot().queue_limits(),
-            shared.metrics.clone(),
-        );
+        let (link, queue) =
+            FrontendLink::new(shared.snapshot().queue_limits(), shared.metrics.clone());
         let tunnel = GrpcTunnel {
             shared: shared.clone(),
             link,

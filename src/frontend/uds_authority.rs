@@ -1,15 +1,14 @@
-//! Lets grpc-go clients talk to us over a Unix socket.
+//! Lets every gRPC client talk to us over a Unix socket, grpc-go included.
 //!
 //! grpc-go (kube-apiserver, konnectivity-client) sends the percent-encoded socket path as the
 //! HTTP/2 `:authority` of every request on a UDS, e.g. `%2Fetc%2Fkubernetes%2Fkonn.socket`.
 //! The `h2` crate rejects that as a malformed authority and resets the stream
 //! (hyperium/h2#487 is still open). The authority means nothing on a Unix socket, so this
-//! wrapper renames the `:authority` field of each request header block to an ordinary header
-//! of the same length before `h2` reads it.
-//!
-//! Keeping the name the same length keeps both HPACK dynamic tables the same size, so later
-//! indexed references still line up; the value's bytes (Huffman-coded or not) are copied as
-//! they are. DATA and every other frame pass through without being buffered.
+//! wrapper re-encodes each request header block before `h2` reads it: the client's blocks are
+//! decoded with the client's own HPACK table, an `:authority` that is not a valid authority is
+//! dropped, and the block is encoded again with a table of our own, which `h2`'s decoder
+//! follows. Header order is kept, so pseudo-headers stay first whatever order a client uses.
+//! DATA and every other frame pass through without being buffered.
 
 use std::io;
 use std::pin::Pin;
@@ -18,8 +17,6 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Replaces `:authority`; exactly as long (10 bytes).
-pub const RENAMED_AUTHORITY: &[u8] = b"x-auth-uds";
 const AUTHORITY: &[u8] = b":authority";
 const PREFACE_LEN: usize = 24;
 const FRAME_HEADER_LEN: usize = 9;
@@ -30,89 +27,44 @@ const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 /// The largest frame we emit: HTTP/2's default SETTINGS_MAX_FRAME_SIZE.
 const MAX_FRAME: usize = 16_384;
-/// A header block larger than this is passed on unchanged (h2 refuses such blocks anyway).
+/// A larger header block ends the connection (h2 refuses such blocks anyway).
 const MAX_BLOCK: usize = 1 << 20;
 
-fn decode_int(buf: &[u8], pos: usize, prefix_bits: u8) -> Option<(usize, usize)> {
-    let mask = (1u16 << prefix_bits) as usize - 1;
-    let mut value = (*buf.get(pos)? as usize) & mask;
-    let mut pos = pos + 1;
-    if value < mask {
-        return Some((value, pos));
-    }
-    let mut shift = 0u32;
-    loop {
-        let byte = *buf.get(pos)?;
-        pos += 1;
-        value = value.checked_add(((byte & 0x7f) as usize).checked_shl(shift)?)?;
-        if byte & 0x80 == 0 {
-            return Some((value, pos));
-        }
-        shift += 7;
-        if shift > 28 {
-            return None;
+/// Re-encodes request header blocks; one per connection, since HPACK tables are per
+/// connection and direction.
+pub struct HeaderRecoder {
+    decoder: loona_hpack::Decoder<'static>,
+    encoder: loona_hpack::Encoder<'static>,
+}
+
+impl Default for HeaderRecoder {
+    fn default() -> Self {
+        HeaderRecoder {
+            decoder: loona_hpack::Decoder::new(),
+            encoder: loona_hpack::Encoder::new(),
         }
     }
 }
 
-/// The end of the string literal starting at `pos`, and whether it is the plain (non-Huffman)
-/// string `:authority`.
-fn string_end(buf: &[u8], pos: usize) -> Option<(usize, bool)> {
-    let huffman = buf.get(pos)? & 0x80 != 0;
-    let (len, start) = decode_int(buf, pos, 7)?;
-    let end = start.checked_add(len)?;
-    let text = buf.get(start..end)?;
-    Some((end, !huffman && text == AUTHORITY))
+fn valid_authority(value: &[u8]) -> bool {
+    http::uri::Authority::try_from(value).is_ok()
 }
 
-/// Rewrites a complete header block, or returns None when it holds no `:authority` (or cannot
-/// be parsed, in which case h2 will report the error itself).
-pub fn rewrite_header_block(block: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(block.len() + 16);
-    let mut pos = 0;
-    let mut changed = false;
-    while pos < block.len() {
-        let first = block[pos];
-        if first & 0x80 != 0 {
-            // Indexed field.
-            let (_, end) = decode_int(block, pos, 7)?;
-            out.extend_from_slice(&block[pos..end]);
-            pos = end;
-            continue;
-        }
-        if first & 0xe0 == 0x20 {
-            // Dynamic table size update.
-            let (_, end) = decode_int(block, pos, 5)?;
-            out.extend_from_slice(&block[pos..end]);
-            pos = end;
-            continue;
-        }
-        // A literal: with incremental indexing (01), without (0000) or never indexed (0001).
-        let (prefix_bits, kind) = if first & 0xc0 == 0x40 {
-            (6, 0x40)
-        } else {
-            (4, first & 0xf0)
-        };
-        let (name_index, after_index) = decode_int(block, pos, prefix_bits)?;
-        let (value_start, is_authority) = if name_index == 0 {
-            let (end, is_authority) = string_end(block, after_index)?;
-            (end, is_authority)
-        } else {
-            (after_index, name_index == 1)
-        };
-        let (value_end, _) = string_end(block, value_start)?;
-        if is_authority {
-            out.push(kind);
-            out.push(RENAMED_AUTHORITY.len() as u8);
-            out.extend_from_slice(RENAMED_AUTHORITY);
-            changed = true;
-        } else {
-            out.extend_from_slice(&block[pos..value_start]);
-        }
-        out.extend_from_slice(&block[value_start..value_end]);
-        pos = value_end;
+impl HeaderRecoder {
+    /// Decodes a complete header block and encodes it again without an invalid `:authority`.
+    pub fn recode(&mut self, block: &[u8]) -> io::Result<Vec<u8>> {
+        let headers = self.decoder.decode(block).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("HPACK decoding failed: {e:?}"),
+            )
+        })?;
+        let kept = headers
+            .iter()
+            .filter(|(name, value)| name.as_slice() != AUTHORITY || valid_authority(value))
+            .map(|(name, value)| (name.as_slice(), value.as_slice()));
+        Ok(self.encoder.encode(kept))
     }
-    changed.then_some(out)
 }
 
 /// Appends `block` as a HEADERS frame, split into CONTINUATIONs if it is too large.
@@ -158,8 +110,6 @@ struct OpenBlock {
     flags: u8,
     priority: Vec<u8>,
     block: Vec<u8>,
-    /// The frames as received, replayed unchanged if the block is not rewritten.
-    raw: BytesMut,
 }
 
 enum State {
@@ -176,6 +126,9 @@ pub struct AuthorityScrub<S> {
     input: BytesMut,
     output: BytesMut,
     open: Option<OpenBlock>,
+    recoder: HeaderRecoder,
+    /// A block could not be decoded: the connection is unusable (HPACK state is shared).
+    failed: Option<io::Error>,
     eof: bool,
 }
 
@@ -187,6 +140,8 @@ impl<S> AuthorityScrub<S> {
             input: BytesMut::with_capacity(16 * 1024),
             output: BytesMut::new(),
             open: None,
+            recoder: HeaderRecoder::default(),
+            failed: None,
             eof: false,
         }
     }
@@ -217,8 +172,14 @@ impl<S> AuthorityScrub<S> {
                         | self.input[2] as usize;
                     let kind = self.input[3];
                     let is_block = kind == HEADERS || (kind == CONTINUATION && self.open.is_some());
-                    if !is_block || len > MAX_BLOCK {
-                        self.flush_open_block();
+                    if len > MAX_BLOCK && is_block {
+                        self.failed = Some(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "header block too large",
+                        ));
+                        return;
+                    }
+                    if !is_block {
                         let header = self.input.split_to(FRAME_HEADER_LEN);
                         self.output.extend_from_slice(&header);
                         self.state = State::Passthrough(len);
@@ -240,7 +201,6 @@ impl<S> AuthorityScrub<S> {
         let stream = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff;
         let payload = &frame[FRAME_HEADER_LEN..];
         if kind == HEADERS {
-            self.flush_open_block();
             let mut start = 0;
             let mut pad = 0;
             if flags & PADDED != 0 {
@@ -254,8 +214,10 @@ impl<S> AuthorityScrub<S> {
                 .checked_sub(pad)
                 .filter(|end| *end >= block_start)
             else {
-                // Malformed: let h2 see it as it is.
-                self.output.extend_from_slice(&frame);
+                self.failed = Some(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "malformed HEADERS frame",
+                ));
                 return;
             };
             self.open = Some(OpenBlock {
@@ -263,11 +225,16 @@ impl<S> AuthorityScrub<S> {
                 flags,
                 priority: payload[start..block_start].to_vec(),
                 block: payload[block_start..block_end].to_vec(),
-                raw: frame.clone(),
             });
         } else if let Some(open) = &mut self.open {
             open.block.extend_from_slice(payload);
-            open.raw.extend_from_slice(&frame);
+            if open.block.len() > MAX_BLOCK {
+                self.failed = Some(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "header block too large",
+                ));
+                return;
+            }
         }
         if flags & END_HEADERS != 0 {
             self.finish_open_block();
@@ -276,22 +243,15 @@ impl<S> AuthorityScrub<S> {
 
     fn finish_open_block(&mut self) {
         let Some(open) = self.open.take() else { return };
-        match rewrite_header_block(&open.block) {
-            Some(block) => emit_headers(
+        match self.recoder.recode(&open.block) {
+            Ok(block) => emit_headers(
                 &mut self.output,
                 open.stream,
                 open.flags,
                 &open.priority,
                 &block,
             ),
-            None => self.output.extend_from_slice(&open.raw),
-        }
-    }
-
-    /// A block interrupted by another frame is a protocol error; pass it on for h2 to report.
-    fn flush_open_block(&mut self) {
-        if let Some(open) = self.open.take() {
-            self.output.extend_from_slice(&open.raw);
+            Err(e) => self.failed = Some(e),
         }
     }
 }
@@ -304,6 +264,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
+            if this.output.is_empty() {
+                if let Some(e) = this.failed.take() {
+                    return Poll::Ready(Err(e));
+                }
+            }
             if !this.output.is_empty() {
                 let take = this.output.len().min(buf.remaining());
                 buf.put_slice(&this.output[..take]);
@@ -314,10 +279,6 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
                 // Whatever is left (a truncated frame) goes to h2 as it is.
                 let rest = this.input.split();
                 if rest.is_empty() {
-                    if let Some(open) = this.open.take() {
-                        this.output.extend_from_slice(&open.raw);
-                        continue;
-                    }
                     return Poll::Ready(Ok(()));
                 }
                 this.output.extend_from_slice(&rest);
@@ -410,61 +371,84 @@ mod tests {
         out
     }
 
+    type Headers = Vec<(Vec<u8>, Vec<u8>)>;
+
+    fn headers(list: &[(&str, &str)]) -> Headers {
+        list.iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    fn encode(encoder: &mut loona_hpack::Encoder<'static>, list: &Headers) -> Vec<u8> {
+        encoder.encode(list.iter().map(|(n, v)| (n.as_slice(), v.as_slice())))
+    }
+
+    /// grpc-go's order (authority last among pseudo-headers) and h2's (authority before path),
+    /// over several requests so the dynamic tables are exercised.
     #[test]
-    fn renames_indexed_name_authority_keeping_the_value_bytes() {
-        // :method POST (idx 3), then :authority (static name 1) with a literal value, indexed.
-        let value = b"%2Ftmp%2Fkonn.sock";
-        let mut block = vec![0x83, 0x41, value.len() as u8];
-        block.extend_from_slice(value);
-        block.push(0x87); // :scheme https
-        let out = rewrite_header_block(&block).unwrap();
-        let mut expected = vec![0x83, 0x40, 10];
-        expected.extend_from_slice(RENAMED_AUTHORITY);
-        expected.push(value.len() as u8);
-        expected.extend_from_slice(value);
-        expected.push(0x87);
-        assert_eq!(out, expected);
+    fn invalid_authorities_are_dropped_in_place_for_any_client_order() {
+        let grpc_go = headers(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/ProxyService/Proxy"),
+            (":authority", "%2Ftmp%2Fkonn.sock"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ]);
+        let h2_order = headers(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":authority", "%2Ftmp%2Fkonn.sock"),
+            (":path", "/ProxyService/Proxy"),
+            ("te", "trailers"),
+        ]);
+        let valid = headers(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":authority", "localhost"),
+            (":path", "/x"),
+        ]);
+        let mut client = loona_hpack::Encoder::new();
+        let mut recoder = HeaderRecoder::default();
+        let mut server = loona_hpack::Decoder::new();
+        for request in [&grpc_go, &h2_order, &grpc_go, &valid, &h2_order] {
+            let block = encode(&mut client, request);
+            let seen = server.decode(&recoder.recode(&block).unwrap()).unwrap();
+            let expected: Headers = request
+                .iter()
+                .filter(|(n, v)| n.as_slice() != AUTHORITY || valid_authority(v))
+                .cloned()
+                .collect();
+            assert_eq!(seen, expected);
+        }
     }
 
     #[test]
-    fn keeps_huffman_values_and_other_literal_kinds() {
-        // Never-indexed :authority with a Huffman value (H bit set): value copied verbatim.
-        let block = vec![0x11, 0x83, 0xaa, 0xbb, 0xcc];
-        let out = rewrite_header_block(&block).unwrap();
-        let mut expected = vec![0x10, 10];
-        expected.extend_from_slice(RENAMED_AUTHORITY);
-        expected.extend_from_slice(&[0x83, 0xaa, 0xbb, 0xcc]);
-        assert_eq!(out, expected);
-        // Literal name ":authority" without indexing.
-        let mut block = vec![0x00, 10];
-        block.extend_from_slice(b":authority");
-        block.extend_from_slice(&[1, b'x']);
-        let out = rewrite_header_block(&block).unwrap();
-        assert_eq!(&out[2..12], RENAMED_AUTHORITY);
-    }
-
-    #[test]
-    fn leaves_blocks_without_authority_alone() {
-        assert_eq!(rewrite_header_block(&[0x82, 0x86, 0x84]), None);
-        // A multi-byte integer (index 70 = 0x3f + 7) must parse without being mistaken.
-        assert_eq!(rewrite_header_block(&[0x7f, 0x07, 0x01, b'v']), None);
-        // Truncated input is left to h2.
-        assert_eq!(rewrite_header_block(&[0x41, 0x05, b'a']), None);
+    fn undecodable_blocks_are_errors() {
+        let mut recoder = HeaderRecoder::default();
+        assert!(recoder
+            .recode(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff])
+            .is_err());
     }
 
     #[tokio::test]
-    async fn rewrites_frames_in_a_stream_and_passes_data_through() {
+    async fn recodes_frames_in_a_stream_and_passes_data_through() {
         let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
         let settings = frame(0x4, 0, 0, &[]);
-        let value = b"%2Fa";
-        let mut block = vec![0x83, 0x41, value.len() as u8];
-        block.extend_from_slice(value);
+        let request = headers(&[(":method", "POST"), (":authority", "%2Fa"), (":path", "/p")]);
+        let block = encode(&mut loona_hpack::Encoder::new(), &request);
         let (first, second) = block.split_at(3);
-        let headers = frame(HEADERS, 0, 1, first);
+        let headers_frame = frame(HEADERS, 0, 1, first);
         let continuation = frame(CONTINUATION, END_HEADERS, 1, second);
-        let data = frame(0x0, 0x1, 1, &[7u8; 40_000][..16_000]);
+        let data = frame(0x0, 0x1, 1, &[7u8; 16_000]);
         let mut wire = Vec::new();
-        for part in [&preface[..], &settings, &headers, &continuation, &data] {
+        for part in [
+            &preface[..],
+            &settings,
+            &headers_frame,
+            &continuation,
+            &data,
+        ] {
             wire.extend_from_slice(part);
         }
         let (mut client, server) = tokio::io::duplex(1024);
@@ -479,14 +463,14 @@ mod tests {
             .await
             .unwrap();
         writer.await.unwrap();
-        let mut new_block = vec![0x83, 0x40, 10];
-        new_block.extend_from_slice(RENAMED_AUTHORITY);
-        new_block.push(value.len() as u8);
-        new_block.extend_from_slice(value);
+        let expected_block = encode(
+            &mut loona_hpack::Encoder::new(),
+            &headers(&[(":method", "POST"), (":path", "/p")]),
+        );
         let mut expected = Vec::new();
         expected.extend_from_slice(preface);
         expected.extend_from_slice(&settings);
-        expected.extend_from_slice(&frame(HEADERS, END_HEADERS, 1, &new_block));
+        expected.extend_from_slice(&frame(HEADERS, END_HEADERS, 1, &expected_block));
         expected.extend_from_slice(&data);
         assert_eq!(scrubbed, expected);
     }

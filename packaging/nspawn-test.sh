@@ -1,0 +1,548 @@
+#!/usr/bin/env bash
+# The real-systemd stage: boots Debian 12 (systemd 252) with systemd-nspawn, installs the .deb
+# and drives the service with systemctl/journalctl. Run it on its own (the container shares
+# the host's network namespace; the server inside listens on random ports in 20000-29999).
+#
+#   packaging/nspawn-test.sh [DEB_N [DEB_N1]]
+#
+#   DEB_N    package under test (default: target/packages/konnectivity-server_<ver>-1_<arch>.deb,
+#            built with packaging/build.sh if missing)
+#   DEB_N1   a higher version for the upgrade test (default: DEB_N's payload repacked as version
+#            <ver>+nspawn1-1 if missing; `packaging/build.sh --deb-only VERSION` builds a real one)
+#
+# Environment:
+#   INTEROP_BIN_DIR   directory with upstream proxy-agent, http-test-server, proxy-test-client
+#                     (last stdout line of tests/interop/build.sh). When set, an upstream agent
+#                     on the host connects into the container and tunnels are checked,
+#                     including a tunnel that stays up across a certificate reload.
+#   NSPAWN_CACHE      rootfs cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/konnectivity-nspawn)
+#   DEBIAN_MIRROR     mirror for debootstrap (default: first URI in /etc/apt/sources.list.d/debian.sources)
+#   KEEP_SCRATCH=1    keep the scratch directory (overlay upper dir, logs) for debugging
+#
+# Every check is run (a failed check does not stop later ones, but a check whose
+# precondition failed fails too); the exit code is non-zero if any check failed, and then
+# the container's journal is printed. Each step's duration is printed.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+UNIT=konnectivity-server.service
+SUITE=bookworm
+# Packages in the rootfs (the cache key is derived from this list).
+PKGS=(systemd systemd-sysv dbus procps)
+ROOTFS_SETUP_VERSION=1   # bump when the post-debootstrap setup below changes
+
+T_START=$(date +%s.%N)
+now() { date +%s.%N; }
+dur() { printf '%.2f' "$(echo "$(now) - $1" | bc)"; }
+log() { printf '[%7.2fs] %s\n' "$(echo "$(now) - $T_START" | bc)" "$*"; }
+declare -a TIMINGS=() RESULTS=()
+FAILS=0
+step_begin() { STEP="$1"; STEP_T=$(now); log "--- $STEP"; }
+step_end() { local d; d=$(dur "$STEP_T"); TIMINGS+=("$(printf '%8ss  %s' "$d" "$STEP")"); log "    ($STEP: ${d}s)"; }
+pass() { RESULTS+=("PASS  $*"); log "PASS  $*"; }
+fail() { RESULTS+=("FAIL  $*"); log "FAIL  $*"; FAILS=$((FAILS + 1)); }
+check() { # <description> <command...>: PASS if the command succeeds
+  local d="$1"; shift
+  if "$@"; then pass "$d"; else fail "$d"; fi
+}
+die() { log "FATAL: $*"; FAILS=$((FAILS + 1)); exit 1; }
+
+[[ $EUID -eq 0 ]] || { echo "nspawn-test.sh: must run as root" >&2; exit 2; }
+trap 'exit 130' INT TERM
+
+# ------------------------------------------------------------------------------ tools -------
+need_apt=()
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v systemd-nspawn >/dev/null || need_apt+=(systemd-container)
+command -v openssl >/dev/null || need_apt+=(openssl)
+command -v curl >/dev/null || need_apt+=(curl)
+command -v jq >/dev/null || need_apt+=(jq)
+if [[ ${#need_apt[@]} -gt 0 ]]; then
+  step_begin "apt-get install ${need_apt[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null \
+    || die "apt-get install ${need_apt[*]} failed"
+  step_end
+fi
+
+# ------------------------------------------------------------------------------ packages ----
+VERSION="$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n1)"
+ARCH="$(dpkg --print-architecture)"
+DEB_N="${1:-$ROOT/target/packages/konnectivity-server_${VERSION}-1_${ARCH}.deb}"
+NEXT_VERSION="${VERSION}+nspawn1"
+DEB_N1="${2:-}"
+if [[ ! -f "$DEB_N" ]]; then
+  step_begin "build packages (packaging/build.sh)"
+  "$ROOT/packaging/build.sh" >/dev/null || die "packaging/build.sh failed"
+  step_end
+fi
+DEB_N_VER="$(dpkg-deb -f "$DEB_N" Version)" || die "not a .deb: $DEB_N"
+log "package N: $DEB_N ($DEB_N_VER, $(stat -c %s "$DEB_N") bytes)"
+
+# ------------------------------------------------------------------------------ rootfs ------
+MIRROR="${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)}"
+MIRROR="${MIRROR:-http://deb.debian.org/debian}"
+KEY="$(printf '%s\n' "$SUITE" minbase "${PKGS[@]}" "setup=$ROOTFS_SETUP_VERSION" "$ARCH" | sha256sum | cut -c1-12)"
+CACHE_ROOT="${NSPAWN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/konnectivity-nspawn}"
+ROOTFS="$CACHE_ROOT/$SUITE-$KEY"
+mkdir -p "$CACHE_ROOT"
+if [[ -f "$ROOTFS/.complete" ]]; then
+  step_begin "rootfs (warm cache: $ROOTFS)"
+  step_end
+else
+  step_begin "rootfs (cold: debootstrap $SUITE minbase + ${PKGS[*]} from $MIRROR)"
+  BUILD="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
+  # Interrupted or failed: unmount whatever debootstrap left mounted inside, then remove the
+  # temp dir (it never has the final name, so it could not be reused anyway).
+  drop_build() {
+    awk -v b="$BUILD/" 'index($2, b) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null
+    rm -rf --one-file-system "$BUILD"
+  }
+  trap 'drop_build' EXIT
+  if ! debootstrap --variant=minbase --include="$(IFS=,; echo "${PKGS[*]}")" "$SUITE" "$BUILD/rootfs" "$MIRROR" \
+       >"$BUILD/debootstrap.log" 2>&1; then
+    tail -n 30 "$BUILD/debootstrap.log"; die "debootstrap failed"
+  fi
+  R="$BUILD/rootfs"
+  echo konnectivity-test >"$R/etc/hostname"
+  # Quiet, fast, non-interactive boots: no console getty or first-boot prompts, no apt timers.
+  for u in console-getty.service getty@.service systemd-firstboot.service apt-daily.timer \
+           apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service; do
+    ln -sf /dev/null "$R/etc/systemd/system/$u"
+  done
+  rm -f "$R/var/cache/apt/archives/"*.deb
+  printf '%s\n' "suite=$SUITE" "packages=${PKGS[*]}" "mirror=$MIRROR" "built=$(date -u +%FT%TZ)" >"$R/.konnectivity-rootfs"
+  touch "$R/.complete"
+  rm -rf "$ROOTFS"
+  mv "$R" "$ROOTFS"          # atomic: a half-built rootfs is never under the final name
+  rm -rf "$BUILD"
+  trap - EXIT
+  step_end
+fi
+log "rootfs: $ROOTFS ($(du -sh "$ROOTFS" 2>/dev/null | cut -f1))"
+
+# ------------------------------------------------------------------------------ scratch -----
+SCRATCH="$(mktemp -d /var/tmp/konnectivity-nspawn.XXXXXX)"
+MERGED="$SCRATCH/root"; mkdir -p "$MERGED" "$SCRATCH/upper" "$SCRATCH/work" "$SCRATCH/certs" "$SCRATCH/host"
+NSPAWN_PID="" LEADER="" OVERLAY=0
+declare -a HOST_PIDS=()
+
+cleanup() {
+  local rc=$?
+  # Host processes started by this script (by PID). The upstream agent drains on the first
+  # SIGTERM and stops on the second; anything left after 2 s gets SIGKILL.
+  if [[ ${#HOST_PIDS[@]} -gt 0 ]]; then
+    kill -TERM "${HOST_PIDS[@]}" 2>/dev/null; sleep 0.2; kill -TERM "${HOST_PIDS[@]}" 2>/dev/null
+    for _ in $(seq 1 20); do
+      alive=0; for p in "${HOST_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+      [[ $alive -eq 1 ]] || break; sleep 0.1
+    done
+    kill -KILL "${HOST_PIDS[@]}" 2>/dev/null
+    wait "${HOST_PIDS[@]}" 2>/dev/null
+  fi
+  if [[ -n "$NSPAWN_PID" ]] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
+    [[ -n "$LEADER" ]] && nsenter -t "$LEADER" -a -- /bin/systemctl poweroff --no-block >/dev/null 2>&1
+    for _ in $(seq 1 100); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.2; done
+    if kill -0 "$NSPAWN_PID" 2>/dev/null; then
+      kill -TERM "$NSPAWN_PID" 2>/dev/null; sleep 3; kill -KILL "$NSPAWN_PID" 2>/dev/null
+    fi
+    wait "$NSPAWN_PID" 2>/dev/null
+  fi
+  if [[ $OVERLAY -eq 1 ]]; then umount "$MERGED" 2>/dev/null || umount -l "$MERGED" 2>/dev/null; fi
+  if [[ "${KEEP_SCRATCH:-0}" == 1 ]]; then echo "scratch kept: $SCRATCH"; else rm -rf "$SCRATCH"; fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step_begin "scratch root (overlay on the cached rootfs, or a copy)"
+if mount -t overlay overlay -o "lowerdir=$ROOTFS,upperdir=$SCRATCH/upper,workdir=$SCRATCH/work" "$MERGED" 2>/dev/null; then
+  OVERLAY=1; log "overlayfs: $MERGED"
+else
+  cp -a --reflink=auto "$ROOTFS/." "$MERGED/" || die "copy rootfs"
+  log "overlayfs unavailable, copied the rootfs"
+fi
+step_end
+
+if [[ -z "$DEB_N1" ]]; then
+  # N+1: DEB_N's payload under a higher version (tests the upgrade path, not new code). Rebuilt
+  # every run so it can never be stale.
+  step_begin "N+1 .deb: repack as ${NEXT_VERSION}-1"
+  DEB_N1="$SCRATCH/konnectivity-server_${NEXT_VERSION}-1_${ARCH}.deb"
+  dpkg-deb -R "$DEB_N" "$SCRATCH/n1" || die "dpkg-deb -R $DEB_N"
+  sed -i "s/^Version: .*/Version: ${NEXT_VERSION}-1/" "$SCRATCH/n1/DEBIAN/control"
+  dpkg-deb --root-owner-group -Zgzip -z1 -b "$SCRATCH/n1" "$DEB_N1" >/dev/null || die "dpkg-deb -b $DEB_N1"
+  rm -rf "$SCRATCH/n1"
+  step_end
+fi
+DEB_N1_VER="$(dpkg-deb -f "$DEB_N1" Version)" || die "not a .deb: $DEB_N1"
+dpkg --compare-versions "$DEB_N1_VER" gt "$DEB_N_VER" || die "DEB_N1 ($DEB_N1_VER) is not newer than DEB_N ($DEB_N_VER)"
+log "package N+1: $DEB_N1_VER"
+
+# ------------------------------------------------------------------------------ boot --------
+step_begin "boot (systemd-nspawn -b, until is-system-running)"
+systemd-nspawn --register=no --keep-unit -q -D "$MERGED" -M "ktest$$" -b --console=pipe \
+  </dev/null >"$SCRATCH/console.log" 2>&1 &
+NSPAWN_PID=$!
+for _ in $(seq 1 100); do
+  LEADER="$(pgrep -P "$NSPAWN_PID" | head -n1)"
+  [[ -n "$LEADER" ]] && [[ "$(cat "/proc/$LEADER/comm" 2>/dev/null)" == systemd ]] && break
+  LEADER=""; sleep 0.1
+done
+[[ -n "$LEADER" ]] || { cat "$SCRATCH/console.log"; die "container did not start"; }
+CROOT="/proc/$LEADER/root"
+
+# Run a command inside the container (all its namespaces, clean environment).
+c() { nsenter -t "$LEADER" -a -- /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+        SYSTEMD_PAGER=cat SYSTEMD_COLORS=0 "$@"; }
+# PID 1 may not accept bus connections yet ("Failed to connect to bus"): retry until it does.
+BOOT_DEADLINE=$(( $(date +%s) + 60 ))
+while :; do
+  STATE="$(c timeout 60 systemctl is-system-running --wait 2>&1)"
+  [[ "$STATE" == *"Failed to connect to bus"* && $(date +%s) -lt $BOOT_DEADLINE ]] || break
+  sleep 0.1
+done
+log "system state: $STATE (container PID 1 = host pid $LEADER)"
+[[ "$STATE" == running || "$STATE" == degraded ]] || { cat "$SCRATCH/console.log"; die "boot did not finish ($STATE)"; }
+[[ "$STATE" == degraded ]] && c systemctl --failed --no-legend
+BOOT_S=$(dur "$STEP_T")
+step_end
+
+# ------------------------------------------------------------------------------ helpers -----
+show() { c systemctl show -P "$1" "$UNIT" 2>/dev/null; }
+active_running() { [[ "$(show ActiveState)/$(show SubState)" == active/running ]]; }
+main_pid() { show MainPID; }
+jsonl_unit() { c journalctl -u "$UNIT" -o json --no-pager 2>/dev/null; }
+file_is() { # <path in container> <expected "%U:%G %a %F">
+  local got; got="$(c stat -c '%U:%G %a %F' "$1" 2>&1)"
+  [[ "$got" == "$2" ]] || { log "      $1: got '$got', want '$2'"; return 1; }
+}
+free_base() { # 8 consecutive free TCP ports in 20000-29999
+  local b p busy
+  for _ in $(seq 1 50); do
+    b=$((20000 + RANDOM % 9990)); busy=0
+    for p in $(seq "$b" $((b + 7))); do
+      if ss -Htln "sport = :$p" | grep -q .; then busy=1; break; fi
+    done
+    [[ $busy -eq 0 ]] && { echo "$b"; return 0; }
+  done
+  return 1
+}
+http_code() { curl -s -o /dev/null -w '%{http_code}' --max-time 3 "$1"; }
+code_is() { [[ "$(http_code "$2")" == "$1" ]]; }                 # <code> <url>
+same_pid() { local p; p="$(main_pid)"; [[ "$p" == "$1" && "$p" != 0 ]]; }
+new_pid_running() { local p; p="$(main_pid)"; [[ "$p" != "$1" && "$p" != 0 ]] && active_running; }
+serial_is() { [[ "$(serial_now)" == "$1" ]]; }
+user_ok() {
+  local e; e="$(c getent passwd konnectivity)"
+  [[ "$e" =~ ^konnectivity:x:([0-9]+):([0-9]+):[^:]*:/var/lib/konnectivity-server:/usr/sbin/nologin$ ]] \
+    && (( BASH_REMATCH[1] < 1000 )) || { log "      getent passwd konnectivity: '$e'"; return 1; }
+}
+absent() { [[ ! -e "$CROOT$1" && ! -L "$CROOT$1" ]]; }
+not_installed() { local s; s="$(c dpkg-query -W -f='${Status}' konnectivity-server 2>/dev/null)"; [[ -z "$s" || "$s" == *not-installed* ]]; }
+no_dpkg_leftovers() { ! ls "$CROOT/etc/konnectivity/" "$CROOT/etc/default/" | grep -q 'dpkg-'; }
+wait_for() { # <seconds> <command...>
+  local end=$(( $(date +%s) + $1 )); shift
+  until "$@"; do [[ $(date +%s) -ge $end ]] && return 1; sleep 0.2; done
+}
+serial_now() { # serial of the certificate the agent port presents to a fresh handshake
+  openssl s_client -connect "127.0.0.1:$AGENT_PORT" -servername localhost \
+    -CAfile "$SCRATCH/certs/ca.crt" -cert "$SCRATCH/certs/agent.crt" -key "$SCRATCH/certs/agent.key" \
+    </dev/null 2>/dev/null | openssl x509 -noout -serial 2>/dev/null | cut -d= -f2
+}
+
+BASE="$(free_base)" || die "no free port range in 20000-29999"
+AGENT_PORT=$BASE HEALTH_PORT=$((BASE + 1)) ADMIN_PORT=$((BASE + 2)) TEST_SERVER_PORT=$((BASE + 3))
+AGENT_HEALTH_PORT=$((BASE + 4)) AGENT_ADMIN_PORT=$((BASE + 5))
+log "ports: agent=$AGENT_PORT health=$HEALTH_PORT admin=$ADMIN_PORT (host test server $TEST_SERVER_PORT)"
+
+# ------------------------------------------------------------------------------ install -----
+mkdir -p "$CROOT/var/tmp/kt"
+cp "$DEB_N" "$CROOT/var/tmp/kt/n.deb"; cp "$DEB_N1" "$CROOT/var/tmp/kt/n1.deb"
+
+step_begin "dpkg -i (version $DEB_N_VER)"
+OUT="$(c dpkg -i /var/tmp/kt/n.deb </dev/null 2>&1)"; RC=$?
+echo "$OUT" | sed 's/^/      | /'
+check "dpkg -i exits 0" test $RC -eq 0
+check "postinst says: enabled, not started" grep -q 'installed and enabled, not started' <<<"$OUT"
+step_end
+
+step_begin "user, files, modes, enablement"
+check "user konnectivity exists (system uid, nologin, home /var/lib/konnectivity-server)" user_ok
+check "group konnectivity exists" eval 'c getent group konnectivity >/dev/null'
+check "/usr/bin/konnectivity-server root:root 755" file_is /usr/bin/konnectivity-server "root:root 755 regular file"
+check "/etc/konnectivity/server.toml root:konnectivity 640" file_is /etc/konnectivity/server.toml "root:konnectivity 640 regular file"
+check "/etc/konnectivity/pki root:konnectivity 750" file_is /etc/konnectivity/pki "root:konnectivity 750 directory"
+check "/etc/default/konnectivity-server root:root 644" file_is /etc/default/konnectivity-server "root:root 644 regular file"
+check "/usr/lib/sysusers.d/konnectivity-server.conf present" c test -f /usr/lib/sysusers.d/konnectivity-server.conf
+check "unit enabled after install" test "$(c systemctl is-enabled "$UNIT" 2>&1)" = enabled
+check "unit NOT started by install" test "$(c systemctl is-active "$UNIT" 2>&1)" = inactive
+step_end
+
+step_begin "systemd-analyze verify + security"
+VERIFY="$(c systemd-analyze verify "$UNIT" 2>&1)"; RC=$?
+[[ -n "$VERIFY" ]] && echo "$VERIFY" | sed 's/^/      | /'
+check "systemd-analyze verify $UNIT: exit 0, no warnings" test $RC -eq 0 -a -z "$(grep -i konnectivity <<<"$VERIFY")"
+SECURITY="$(c systemd-analyze security "$UNIT" --no-pager 2>&1 | tail -n 1)"
+log "      systemd-analyze security: $SECURITY"
+step_end
+
+# ------------------------------------------------------------------------------ certificates + test config
+step_begin "test certificates (openssl on the host) and test arguments"
+gen_certs() {
+  local d="$SCRATCH/certs"
+  openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 2 -subj "/CN=nspawn-test-ca" \
+    -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null || return 1
+  local serial ext
+  for serial in 1001 1002; do
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=konnectivity-server" \
+      -keyout "$d/cluster-$serial.key" -out "$d/cluster-$serial.csr" 2>/dev/null || return 1
+    ext="$d/server.ext"
+    printf '%s\n' "subjectAltName=DNS:localhost,IP:127.0.0.1" "extendedKeyUsage=serverAuth" \
+      "keyUsage=critical,digitalSignature,keyEncipherment" >"$ext"
+    openssl x509 -req -in "$d/cluster-$serial.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" \
+      -set_serial "0x$serial" -days 2 -sha256 -extfile "$ext" -out "$d/cluster-$serial.crt" 2>/dev/null || return 1
+  done
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=system:konnectivity-agent" \
+    -keyout "$d/agent.key" -out "$d/agent.csr" 2>/dev/null || return 1
+  printf '%s\n' "extendedKeyUsage=clientAuth" "keyUsage=critical,digitalSignature,keyEncipherment" >"$d/agent.ext"
+  openssl x509 -req -in "$d/agent.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -set_serial 0x2001 \
+    -days 2 -sha256 -extfile "$d/agent.ext" -out "$d/agent.crt" 2>/dev/null
+}
+install_pki() { # <serial>: cluster.crt/key (+ ca.crt) as root:konnectivity 0640
+  local s="$1" P="$CROOT/etc/konnectivity/pki"
+  cp "$SCRATCH/certs/cluster-$s.crt" "$P/cluster.crt.new" && cp "$SCRATCH/certs/cluster-$s.key" "$P/cluster.key.new" \
+    && cp "$SCRATCH/certs/ca.crt" "$P/ca.crt" || return 1
+  c chown root:konnectivity /etc/konnectivity/pki/cluster.crt.new /etc/konnectivity/pki/cluster.key.new /etc/konnectivity/pki/ca.crt
+  c chmod 0640 /etc/konnectivity/pki/cluster.crt.new /etc/konnectivity/pki/cluster.key.new /etc/konnectivity/pki/ca.crt
+  # Key first, then cert (each rename is atomic), as an operator's rotation script would.
+  mv "$P/cluster.key.new" "$P/cluster.key" && mv "$P/cluster.crt.new" "$P/cluster.crt"
+}
+check "generate CA, server (SAN 127.0.0.1/localhost, serials 1001/1002) and agent certificates" gen_certs
+check "install server certificate (serial 1001) root:konnectivity 0640" install_pki 1001
+# The test's ports etc. on the command line (flags override the config file); this also makes
+# /etc/default/konnectivity-server an admin-edited conffile for the upgrade test.
+ARGS="--config /etc/konnectivity/server.toml --agent-port=$AGENT_PORT --agent-bind-address=127.0.0.1 --health-port=$HEALTH_PORT --health-bind-address=127.0.0.1 --admin-port=$ADMIN_PORT --admin-bind-address=127.0.0.1 --graceful-shutdown-timeout=5s --server-id=nspawn-test"
+sed -i "s|^KONNECTIVITY_SERVER_ARGS=.*|KONNECTIVITY_SERVER_ARGS=\"$ARGS\"|" "$CROOT/etc/default/konnectivity-server"
+check "test arguments in /etc/default/konnectivity-server" grep -q "agent-port=$AGENT_PORT" "$CROOT/etc/default/konnectivity-server"
+step_end
+
+# ------------------------------------------------------------------------------ start -------
+step_begin "systemctl start (Type=notify: returns after READY=1)"
+OUT="$(c timeout 90 systemctl start "$UNIT" 2>&1)"; RC=$?
+[[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
+check "systemctl start exits 0" test $RC -eq 0
+check "active/running after start (READY=1 received)" active_running
+log "      StatusText=$(show StatusText)  MainPID=$(main_pid)  NRestarts=$(show NRestarts)"
+check "health /healthz 200" wait_for 10 code_is 200 "http://127.0.0.1:$HEALTH_PORT/healthz"
+step_end
+
+step_begin "UDS in RuntimeDirectory"
+check "/run/konnectivity-server konnectivity:konnectivity 750" file_is /run/konnectivity-server "konnectivity:konnectivity 750 directory"
+check "socket konnectivity:konnectivity 770" file_is /run/konnectivity-server/konnectivity-server.socket "konnectivity:konnectivity 770 socket"
+# kube-apiserver's access path: a member of group konnectivity can reach and write the socket
+# (connect(2) needs search on the directory and write on the socket); others cannot.
+c useradd --system --no-create-home --shell /usr/sbin/nologin --groups konnectivity kt-apiserver >/dev/null 2>&1
+c useradd --system --no-create-home --shell /usr/sbin/nologin kt-other >/dev/null 2>&1
+uds_access() { c runuser -u "$1" -- test -x /run/konnectivity-server -a -w /run/konnectivity-server/konnectivity-server.socket; }
+check "a member of group konnectivity can reach the socket" uds_access kt-apiserver
+check "a non-member cannot reach the socket" eval '! uds_access kt-other'
+step_end
+
+# ------------------------------------------------------------------------------ tunnel (optional)
+INTEROP=0
+if [[ -n "${INTEROP_BIN_DIR:-}" ]]; then
+  step_begin "upstream agent on the host -> container; tunnel over the UDS"
+  INTEROP=1
+  B="$INTEROP_BIN_DIR"
+  for b in proxy-agent http-test-server proxy-test-client; do
+    [[ -x "$B/$b" ]] || { fail "INTEROP_BIN_DIR has no $b"; INTEROP=0; }
+  done
+  if [[ $INTEROP -eq 1 ]]; then
+    "$B/http-test-server" --server-port="$TEST_SERVER_PORT" >"$SCRATCH/host/http-test-server.log" 2>&1 &
+    HOST_PIDS+=($!)
+    "$B/proxy-agent" --ca-cert="$SCRATCH/certs/ca.crt" --agent-cert="$SCRATCH/certs/agent.crt" \
+      --agent-key="$SCRATCH/certs/agent.key" --proxy-server-host=127.0.0.1 --proxy-server-port="$AGENT_PORT" \
+      --agent-id=nspawn-agent "--agent-identifiers=host=localhost&ipv4=127.0.0.1" \
+      --health-server-host=127.0.0.1 --health-server-port="$AGENT_HEALTH_PORT" \
+      --admin-bind-address=127.0.0.1 --admin-server-port="$AGENT_ADMIN_PORT" \
+      >"$SCRATCH/host/proxy-agent.log" 2>&1 &
+    AGENT_PID=$!; HOST_PIDS+=("$AGENT_PID")
+    check "agent connected (server /readyz 200)" wait_for 20 code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
+    UDS_HOST="$CROOT/run/konnectivity-server/konnectivity-server.socket"
+    tunnel_get() { # <request-path> <log name>: GET through a fresh tunnel; the body must be the success page
+      # (proxy-test-client exits 0 on any HTTP status, so the body is checked).
+      "$B/proxy-test-client" --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS_HOST" --request-host=127.0.0.1 \
+        --request-port="$TEST_SERVER_PORT" --request-path="$1" >"$SCRATCH/host/proxy-test-client-$2.log" 2>&1 \
+        && grep -q 'The success test page' "$SCRATCH/host/proxy-test-client-$2.log"
+    }
+    check "proxy-test-client GET /success through the tunnel (UDS -> server -> agent -> host)" tunnel_get success first
+  fi
+  step_end
+fi
+
+# ------------------------------------------------------------------------------ reload ------
+step_begin "systemctl reload after replacing the certificate"
+PID_BEFORE="$(main_pid)"
+check "fresh handshake presents serial 1001 before" serial_is 1001
+if [[ $INTEROP -eq 1 ]]; then
+  # A tunnel that is open across the reload: http-test-server's /sleep answers after 10 s.
+  T_LONG=$(now); tunnel_get sleep long & LONG_PID=$!
+  sleep 1
+fi
+install_pki 1002
+OUT="$(c timeout 60 systemctl reload "$UNIT" 2>&1)"; RC=$?
+[[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
+check "systemctl reload exits 0" test $RC -eq 0
+check "same MainPID ($PID_BEFORE) after reload" same_pid "$PID_BEFORE"
+check "active/running after reload" active_running
+check "fresh handshake presents the new serial 1002" wait_for 10 serial_is 1002
+if [[ $INTEROP -eq 1 ]]; then
+  check "tunnel opened before the reload completed after it (/sleep, 10 s)" wait "$LONG_PID"
+  log "      long tunnel took $(dur "$T_LONG")s"
+  check "agent process still alive (no reconnect)" kill -0 "$AGENT_PID"
+  check "server /readyz 200 after reload" code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
+  check "new tunnel after reload" tunnel_get success after-reload
+fi
+step_end
+
+step_begin "broken config: reload fails, service keeps running"
+PID_BEFORE="$(main_pid)"
+cp -p "$CROOT/etc/konnectivity/server.toml" "$SCRATCH/server.toml.good"
+printf 'this is = not [valid toml\n' >>"$CROOT/etc/konnectivity/server.toml"
+OUT="$(c timeout 60 systemctl reload "$UNIT" 2>&1)"; RC=$?
+[[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
+check "systemctl reload with a broken config exits non-zero" test $RC -ne 0
+check "same MainPID ($PID_BEFORE)" same_pid "$PID_BEFORE"
+check "still active/running" active_running
+check "health still 200" code_is 200 "http://127.0.0.1:$HEALTH_PORT/healthz"
+cp -p "$SCRATCH/server.toml.good" "$CROOT/etc/konnectivity/server.toml"
+check "reload after restoring the config exits 0" c timeout 60 systemctl reload "$UNIT"
+step_end
+
+# ------------------------------------------------------------------------------ journal -----
+step_begin "journalctl -u $UNIT -o json: structured fields"
+JSON="$(jsonl_unit)"
+NATIVE="$(jq -c 'select(._TRANSPORT == "journal" and .SYSLOG_IDENTIFIER == "konnectivity-server")' <<<"$JSON" 2>/dev/null)"
+log "      entries: $(wc -l <<<"$JSON") total, $(grep -c . <<<"$NATIVE") via the native journal protocol"
+FIELDS="$(jq -r 'keys[]' <<<"$NATIVE" 2>/dev/null | grep -v '^_' | grep -v '^__' | sort -u | tr '\n' ' ')"
+log "      non-trusted fields seen: $FIELDS"
+check "entries logged via the native journal protocol (_TRANSPORT=journal, SYSLOG_IDENTIFIER=konnectivity-server)" test -n "$NATIVE"
+structured() { jq -e 'select(.TARGET and .CODE_FILE and .PRIORITY and .MESSAGE)' <<<"$NATIVE" >/dev/null 2>&1; }
+no_ansi() { ! jq -r '.MESSAGE // empty' <<<"$JSON" 2>/dev/null | grep -q $'\x1b\\['; }
+check "structured fields present (TARGET, CODE_FILE, PRIORITY, MESSAGE)" structured
+check "no ANSI escapes in messages" no_ansi
+step_end
+
+# ------------------------------------------------------------------------------ stop --------
+step_begin "systemctl stop (STOPPING=1, drain, exit 0)"
+T=$(now)
+OUT="$(c timeout 120 systemctl stop "$UNIT" 2>&1)"; RC=$?
+STOP_S=$(dur "$T")
+check "systemctl stop exits 0 (${STOP_S}s)" test $RC -eq 0
+log "      ActiveState=$(show ActiveState) Result=$(show Result) ExecMainCode=$(show ExecMainCode) ExecMainStatus=$(show ExecMainStatus)"
+check "inactive, Result=success, ExecMainStatus=0 (clean exit, no SIGKILL)" \
+  test "$(show ActiveState)/$(show Result)/$(show ExecMainStatus)" = inactive/success/0
+check "RuntimeDirectoryPreserve=yes kept /run/konnectivity-server" c test -d /run/konnectivity-server
+step_end
+
+# ------------------------------------------------------------------------------ watchdog ----
+step_begin "watchdog (runtime drop-in WatchdogSec=2s: WATCHDOG=1 pings, no watchdog kill)"
+c mkdir -p "/run/systemd/system/$UNIT.d"
+printf '[Service]\nWatchdogSec=2s\n' >"$CROOT/run/systemd/system/$UNIT.d/zz-nspawn-watchdog.conf"
+c systemctl daemon-reload
+c timeout 90 systemctl start "$UNIT" >/dev/null 2>&1
+check "started with WatchdogSec=2s" test "$(show WatchdogUSec)" = 2s
+PID_BEFORE="$(main_pid)"; sleep 0.5; WD1="$(show WatchdogTimestampMonotonic)"
+sleep 3.5; WD2="$(show WatchdogTimestampMonotonic)"
+check "WATCHDOG=1 received (WatchdogTimestamp advanced: $WD1 -> $WD2)" test "${WD2:-0}" -gt "${WD1:-0}"
+check "no watchdog kill after 4 s (same MainPID, NRestarts=0, active/running)" \
+  test "$(main_pid)/$(show NRestarts)/$(show ActiveState)" = "$PID_BEFORE/0/active"
+rm -f "$CROOT/run/systemd/system/$UNIT.d/zz-nspawn-watchdog.conf"
+c systemctl daemon-reload
+c timeout 120 systemctl stop "$UNIT" >/dev/null 2>&1
+step_end
+
+# ------------------------------------------------------------------------------ upgrade -----
+step_begin "upgrade $DEB_N_VER -> $DEB_N1_VER (edited conffiles, default policy: no restart)"
+c timeout 90 systemctl start "$UNIT" >/dev/null 2>&1
+check "running before the upgrade" active_running
+PID_BEFORE="$(main_pid)"
+echo "# edited by nspawn-test" >>"$CROOT/etc/konnectivity/server.toml"
+if [[ $INTEROP -eq 1 ]]; then
+  # A tunnel open across the package upgrade (the agent reconnects after the earlier restarts).
+  wait_for 20 code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
+  T_LONG=$(now); tunnel_get sleep upgrade & LONG_PID=$!
+  sleep 1
+fi
+SUM_CONF="$(sha256sum <"$CROOT/etc/konnectivity/server.toml")"; SUM_DEF="$(sha256sum <"$CROOT/etc/default/konnectivity-server")"
+OUT="$(c timeout 120 dpkg -i /var/tmp/kt/n1.deb </dev/null 2>&1)"; RC=$?
+echo "$OUT" | sed 's/^/      | /'
+check "dpkg -i N+1 exits 0 with stdin closed (no conffile prompt)" test $RC -eq 0
+check "no conffile prompt text" bash -c '! grep -q "Configuration file" <<<"$1"' _ "$OUT"
+check "installed version is $DEB_N1_VER" test "$(c dpkg-query -W -f='${Version}' konnectivity-server)" = "$DEB_N1_VER"
+check "edited /etc/konnectivity/server.toml kept" test "$(sha256sum <"$CROOT/etc/konnectivity/server.toml")" = "$SUM_CONF"
+check "edited /etc/default/konnectivity-server kept" test "$(sha256sum <"$CROOT/etc/default/konnectivity-server")" = "$SUM_DEF"
+check "no .dpkg-dist/.dpkg-new left" no_dpkg_leftovers
+check "config still root:konnectivity 640" file_is /etc/konnectivity/server.toml "root:konnectivity 640 regular file"
+check "policy: NOT restarted (same MainPID $PID_BEFORE)" same_pid "$PID_BEFORE"
+check "policy: still active/running" active_running
+check "policy: postinst printed the restart notice" grep -q 'NOT restarted' <<<"$OUT"
+if [[ $INTEROP -eq 1 ]]; then
+  check "tunnel opened before the upgrade completed after it (/sleep, 10 s)" wait "$LONG_PID"
+  log "      long tunnel took $(dur "$T_LONG")s"
+fi
+check "still enabled after upgrade" test "$(c systemctl is-enabled "$UNIT" 2>&1)" = enabled
+check "reload after upgrade (new --check-config, running process) exits 0" c timeout 60 systemctl reload "$UNIT"
+step_end
+
+step_begin "upgrade with KONNECTIVITY_RESTART_ON_UPGRADE=yes (opt-in: try-restart)"
+PID_BEFORE="$(main_pid)"
+sed -i 's/^KONNECTIVITY_RESTART_ON_UPGRADE=.*/KONNECTIVITY_RESTART_ON_UPGRADE=yes/' "$CROOT/etc/default/konnectivity-server"
+OUT="$(c timeout 120 dpkg -i /var/tmp/kt/n1.deb </dev/null 2>&1)"; RC=$?
+echo "$OUT" | sed 's/^/      | /'
+check "dpkg -i (reinstall N+1) exits 0" test $RC -eq 0
+check "restarted: new MainPID (was $PID_BEFORE), active/running" new_pid_running "$PID_BEFORE"
+step_end
+
+# ------------------------------------------------------------------------------ remove/purge
+step_begin "dpkg -r, then dpkg -P"
+OUT="$(c timeout 120 dpkg -r konnectivity-server </dev/null 2>&1)"; RC=$?
+echo "$OUT" | sed 's/^/      | /'
+check "dpkg -r exits 0" test $RC -eq 0
+check "service stopped by remove" test "$(c systemctl is-active "$UNIT" 2>&1)" != active
+check "binary removed" absent /usr/bin/konnectivity-server
+check "config kept on remove" test -f "$CROOT/etc/konnectivity/server.toml"
+OUT="$(c timeout 120 dpkg -P konnectivity-server </dev/null 2>&1)"; RC=$?
+echo "$OUT" | sed 's/^/      | /'
+check "dpkg -P exits 0" test $RC -eq 0
+check "purge removed /etc/konnectivity/server.toml" absent /etc/konnectivity/server.toml
+check "purge removed /etc/default/konnectivity-server" absent /etc/default/konnectivity-server
+check "purge removed /var/lib/konnectivity-server" absent /var/lib/konnectivity-server
+check "purge removed the enablement symlink" absent "/etc/systemd/system/multi-user.target.wants/$UNIT"
+check "admin keys in /etc/konnectivity/pki kept" test -f "$CROOT/etc/konnectivity/pki/cluster.key"
+check "package state: not installed" not_installed
+step_end
+
+# ------------------------------------------------------------------------------ report ------
+if [[ $FAILS -gt 0 ]]; then
+  echo; echo "=== container journal (journalctl -b, last 300 lines)"
+  c journalctl -b --no-pager -n 300 2>&1
+  echo; echo "=== journalctl -u $UNIT"
+  c journalctl -u "$UNIT" --no-pager 2>&1 | tail -n 100
+  for f in "$SCRATCH"/host/*.log; do [[ -f "$f" ]] && { echo; echo "=== $f"; tail -n 40 "$f"; }; done
+fi
+
+step_begin "poweroff"
+c systemctl poweroff --no-block >/dev/null 2>&1
+for _ in $(seq 1 150); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.1; done
+wait "$NSPAWN_PID" 2>/dev/null; NSPAWN_RC=$?
+kill -0 "$NSPAWN_PID" 2>/dev/null && fail "container did not power off" || NSPAWN_PID=""
+step_end
+
+echo; echo "=== timings"; printf '%s\n' "${TIMINGS[@]}"
+printf '%8ss  total\n' "$(dur "$T_START")"
+echo; echo "=== results"; printf '%s\n' "${RESULTS[@]}"
+echo; echo "systemd-analyze security: $SECURITY"
+echo "boot to is-system-running: ${BOOT_S}s; stop: ${STOP_S:-?}s; nspawn exit code ${NSPAWN_RC:-?}"
+if [[ $FAILS -gt 0 ]]; then echo "nspawn-test.sh: $FAILS check(s) FAILED"; exit 1; fi
+echo "nspawn-test.sh: all checks passed"

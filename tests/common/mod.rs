@@ -1,0 +1,627 @@
+//! Helpers shared by the integration tests: a server on listeners of its own, a test agent
+//! over mTLS, a test frontend over the Unix socket, packet builders, and leak checks.
+//!
+//! Every wait is a poll with a deadline ([`TIMEOUT`]); the deadline only matters when a test
+//! fails.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use konnectivity_server::admin::metrics::Metrics;
+use konnectivity_server::config::{Config, Options};
+use konnectivity_server::proto::agent_service_client::AgentServiceClient;
+use konnectivity_server::proto::packet::Payload;
+use konnectivity_server::proto::proxy_service_client::ProxyServiceClient;
+use konnectivity_server::proto::{
+    CloseDial, CloseRequest, CloseResponse, Data, DialRequest, DialResponse, Packet, PacketType,
+};
+use konnectivity_server::server::{bind_uds, FrontendListener};
+use konnectivity_server::tls::DevPki;
+use konnectivity_server::{Listeners, RunningServer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::{MetadataKey, MetadataValue};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Request, Status, Streaming};
+
+/// How long any single wait may take before the test fails.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connect id the agent-side sync probe uses; no test allocates it.
+const SYNC_CONNECT_ID: i64 = 0x5157_4e43;
+
+/// Awaits `fut`, failing the test with `what` after [`TIMEOUT`].
+pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(TIMEOUT, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("timed out after {TIMEOUT:?} waiting for {what}"),
+    }
+}
+
+/// Polls `check` every 10 ms until it is true; fails the test after [`TIMEOUT`] with
+/// `describe()` (called at failure time, so it can show the current values).
+pub async fn eventually(
+    what: &str,
+    mut check: impl FnMut() -> bool,
+    describe: impl Fn() -> String,
+) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        if check() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "timed out after {TIMEOUT:?} waiting for {what}: {}",
+                describe()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packets
+
+pub fn pkt(kind: PacketType, payload: Payload) -> Packet {
+    Packet {
+        r#type: kind as i32,
+        payload: Some(payload),
+    }
+}
+
+pub fn dial_req(address: &str, random: i64) -> Packet {
+    pkt(
+        PacketType::DialReq,
+        Payload::DialRequest(DialRequest {
+            protocol: "tcp".into(),
+            address: address.into(),
+            random,
+        }),
+    )
+}
+
+pub fn dial_rsp(random: i64, connect_id: i64, error: &str) -> Packet {
+    pkt(
+        PacketType::DialRsp,
+        Payload::DialResponse(DialResponse {
+            error: error.into(),
+            connect_id,
+            random,
+        }),
+    )
+}
+
+pub fn data(connect_id: i64, bytes: impl Into<bytes::Bytes>) -> Packet {
+    pkt(
+        PacketType::Data,
+        Payload::Data(Data {
+            connect_id,
+            error: String::new(),
+            data: bytes.into(),
+        }),
+    )
+}
+
+pub fn close_req(connect_id: i64) -> Packet {
+    pkt(
+        PacketType::CloseReq,
+        Payload::CloseRequest(CloseRequest { connect_id }),
+    )
+}
+
+pub fn close_rsp(connect_id: i64, error: &str) -> Packet {
+    pkt(
+        PacketType::CloseRsp,
+        Payload::CloseResponse(CloseResponse {
+            error: error.into(),
+            connect_id,
+        }),
+    )
+}
+
+pub fn dial_cls(random: i64) -> Packet {
+    pkt(
+        PacketType::DialCls,
+        Payload::CloseDial(CloseDial { random }),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leak accounting
+
+/// Open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd is readable")
+        .count()
+}
+
+/// Tasks alive on the current runtime.
+pub fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server
+
+/// One server on listeners of its own, with a PKI generated in a temporary directory.
+pub struct Harness {
+    pub dir: tempfile::TempDir,
+    pub pki: DevPki,
+    pub uds: PathBuf,
+    pub agent_addr: std::net::SocketAddr,
+    pub health_addr: std::net::SocketAddr,
+    pub admin_addr: std::net::SocketAddr,
+    pub server_id: String,
+    server: RunningServer,
+    /// Tasks alive on this test's runtime before the server started.
+    baseline_tasks: usize,
+}
+
+impl Harness {
+    pub async fn start() -> Harness {
+        Harness::start_with(&[]).await
+    }
+
+    /// Starts a server; `extra` are command-line flags added to the UDS + mTLS basics.
+    pub async fn start_with(extra: &[&str]) -> Harness {
+        let baseline_tasks = alive_tasks();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (pki, _) = DevPki::ensure(&dir.path().join("pki")).expect("generate the test PKI");
+        let uds = dir.path().join("konnectivity.sock");
+        let config = if extra.is_empty() {
+            Config::for_uds(&uds, &pki.server_cert, &pki.server_key, Some(&pki.ca_cert))
+        } else {
+            let mut args = vec![
+                "konnectivity-server".to_string(),
+                format!("--uds-name={}", uds.display()),
+                "--server-port=0".into(),
+                format!("--cluster-cert={}", pki.server_cert.display()),
+                format!("--cluster-key={}", pki.server_key.display()),
+                format!("--cluster-ca-cert={}", pki.ca_cert.display()),
+            ];
+            args.extend(extra.iter().map(|s| s.to_string()));
+            let options = Options::parse_from_args(&args).expect("test flags parse");
+            Config::from_options(&options).expect("test flags validate")
+        };
+        let server_id = config.server_id.clone();
+        let frontend = FrontendListener::Unix(bind_uds(&uds, true).expect("bind the UDS"));
+        let bind = || TcpListener::bind("127.0.0.1:0");
+        let agent = bind().await.expect("bind the agent port");
+        let health = bind().await.expect("bind the health port");
+        let admin = bind().await.expect("bind the admin port");
+        let agent_addr = agent.local_addr().unwrap();
+        let health_addr = health.local_addr().unwrap();
+        let admin_addr = admin.local_addr().unwrap();
+        let server = konnectivity_server::spawn(
+            config,
+            Listeners {
+                frontend,
+                agent,
+                health,
+                admin,
+            },
+        )
+        .expect("server starts");
+        Harness {
+            dir,
+            pki,
+            uds,
+            agent_addr,
+            health_addr,
+            admin_addr,
+            server_id,
+            server,
+            baseline_tasks,
+        }
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        self.server.metrics()
+    }
+
+    pub fn gauges(&self) -> (i64, i64) {
+        let m = self.metrics();
+        (
+            m.pending_backend_dials.get(),
+            m.established_connections.get(),
+        )
+    }
+
+    /// Waits until (pending dials, established connections) equal `expected`.
+    pub async fn wait_gauges(&self, expected: (i64, i64)) {
+        eventually(
+            &format!("(pending_backend_dials, established_connections) == {expected:?}"),
+            || self.gauges() == expected,
+            || format!("now {:?}", self.gauges()),
+        )
+        .await
+    }
+
+    fn grpc_streams(&self) -> (i64, i64) {
+        let g = &self.metrics().grpc_connections;
+        (
+            g.with_label_values(&["Proxy"]).get(),
+            g.with_label_values(&["Connect"]).get(),
+        )
+    }
+
+    /// Waits until the server has this many agents registered.
+    pub async fn wait_agents(&self, n: usize) {
+        eventually(
+            &format!("{n} registered agents"),
+            || self.server.shared.registry.agents().len() == n,
+            || format!("now {}", self.server.shared.registry.agents().len()),
+        )
+        .await
+    }
+
+    /// The end of every test, once it has dropped its clients: every pending dial and
+    /// established connection is gone, every stream task has ended, and after shutdown the
+    /// runtime is back to the tasks it had before the server started.
+    pub async fn finish(self) {
+        self.wait_gauges((0, 0)).await;
+        eventually(
+            "every Proxy and Connect stream to end",
+            || self.grpc_streams() == (0, 0),
+            || format!("(Proxy, Connect) = {:?}", self.grpc_streams()),
+        )
+        .await;
+        self.shutdown().await.check_clean().await;
+    }
+
+    /// Shuts the server down with `RunningServer::shutdown(Duration::ZERO)`; clients may still
+    /// be connected.
+    pub async fn shutdown(self) -> Stopped {
+        let Harness {
+            server,
+            baseline_tasks,
+            dir,
+            ..
+        } = self;
+        let shared = server.shared.clone();
+        within("shutdown", server.shutdown(Duration::ZERO)).await;
+        Stopped {
+            shared,
+            baseline_tasks,
+            _dir: dir,
+        }
+    }
+
+    // --- clients ---------------------------------------------------------------------------
+
+    /// A TLS channel to the agent port with the agent's client certificate.
+    pub async fn agent_channel(&self) -> Channel {
+        let read = |p: &PathBuf| std::fs::read(p).expect("read PKI file");
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&self.pki.ca_cert)))
+            .identity(Identity::from_pem(
+                read(&self.pki.agent_cert),
+                read(&self.pki.agent_key),
+            ))
+            .domain_name("localhost");
+        let endpoint = Endpoint::from_shared(format!("https://{}", self.agent_addr))
+            .unwrap()
+            .tls_config(tls)
+            .expect("client TLS config");
+        within("the agent TLS connection", endpoint.connect())
+            .await
+            .expect("connect to the agent port")
+    }
+
+    /// Connects an agent with `agentid = id`.
+    pub async fn agent(&self, id: &str) -> TestAgent {
+        self.agent_with(&[("agentid", id)])
+            .await
+            .expect("agent accepted")
+    }
+
+    /// Connects an agent sending exactly the metadata `metadata` (keys may repeat).
+    pub async fn agent_with(&self, metadata: &[(&str, &str)]) -> Result<TestAgent, Status> {
+        let channel = self.agent_channel().await;
+        TestAgent::connect(channel, metadata).await
+    }
+
+    /// A gRPC channel over the frontend Unix socket; counts the connections it makes.
+    pub async fn frontend(&self) -> Frontend {
+        Frontend::connect(self.uds.clone()).await
+    }
+
+    /// Opens a tunnel and establishes it through `agent` with the given ids.
+    pub async fn establish(
+        &self,
+        frontend: &Frontend,
+        agent: &mut TestAgent,
+        random: i64,
+        connect_id: i64,
+    ) -> Tunnel {
+        let mut tunnel = frontend.open().await;
+        tunnel.send(dial_req("10.0.0.1:443", random)).await;
+        let req = agent.recv().await;
+        assert_eq!(
+            req,
+            dial_req("10.0.0.1:443", random),
+            "DIAL_REQ reaches the agent"
+        );
+        agent.send(dial_rsp(random, connect_id, "")).await;
+        assert_eq!(tunnel.recv().await, dial_rsp(random, connect_id, ""));
+        tunnel
+    }
+
+    /// One HTTP/1.1 GET on `addr`; returns (status, body).
+    pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+        within(&format!("GET {path}"), async {
+            let mut stream = TcpStream::connect(addr).await.expect("connect");
+            let request =
+                format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut response = Vec::new();
+            stream.read_to_end(&mut response).await.unwrap();
+            let response = String::from_utf8(response).expect("UTF-8 response");
+            let (head, body) = response
+                .split_once("\r\n\r\n")
+                .expect("a complete response");
+            let status = head
+                .split(' ')
+                .nth(1)
+                .and_then(|s| s.parse().ok())
+                .expect("a status line");
+            (status, body.to_string())
+        })
+        .await
+    }
+}
+
+/// A server that has been shut down.
+pub struct Stopped {
+    shared: Arc<konnectivity_server::server::Shared>,
+    baseline_tasks: usize,
+    _dir: tempfile::TempDir,
+}
+
+impl Stopped {
+    /// Once the test's clients are dropped too: the gauges are 0 and the runtime is back to
+    /// the tasks it had before the server started.
+    pub async fn check_clean(self) {
+        let m = &self.shared.metrics;
+        eventually(
+            "gauges to return to 0 after shutdown",
+            || m.pending_backend_dials.get() == 0 && m.established_connections.get() == 0,
+            || {
+                format!(
+                    "pending {} established {}",
+                    m.pending_backend_dials.get(),
+                    m.established_connections.get()
+                )
+            },
+        )
+        .await;
+        let baseline = self.baseline_tasks;
+        drop(self);
+        eventually(
+            "the runtime's alive tasks to return to their baseline",
+            || alive_tasks() <= baseline,
+            || format!("{} alive, baseline {baseline}", alive_tasks()),
+        )
+        .await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test agent
+
+/// One `/AgentService/Connect` stream, as a konnectivity-agent holds it.
+pub struct TestAgent {
+    tx: Option<mpsc::Sender<Packet>>,
+    rx: Streaming<Packet>,
+    /// The `serverid` response header.
+    pub server_id: String,
+    /// The `servercount` response header.
+    pub server_count: String,
+    pub channel: Channel,
+}
+
+impl TestAgent {
+    pub async fn connect(channel: Channel, metadata: &[(&str, &str)]) -> Result<TestAgent, Status> {
+        let (tx, rx) = mpsc::channel(64);
+        let mut request = Request::new(ReceiverStream::new(rx));
+        for (key, value) in metadata {
+            let value: MetadataValue<_> = value.parse().expect("ASCII metadata value");
+            let key = MetadataKey::from_bytes(key.as_bytes()).expect("metadata key");
+            request.metadata_mut().append(key, value);
+        }
+        let mut client = AgentServiceClient::new(channel.clone());
+        // Resolves once the response headers arrive, before any packet.
+        let response = within("the Connect response headers", client.connect(request)).await?;
+        let header = |name: &str| {
+            let values: Vec<String> = response
+                .metadata()
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().expect("ASCII header").to_string())
+                .collect();
+            assert_eq!(values.len(), 1, "exactly one {name} header: {values:?}");
+            values.into_iter().next().unwrap()
+        };
+        let server_id = header("serverid");
+        let server_count = header("servercount");
+        Ok(TestAgent {
+            tx: Some(tx),
+            rx: response.into_inner(),
+            server_id,
+            server_count,
+            channel,
+        })
+    }
+
+    pub async fn send(&self, packet: Packet) {
+        let tx = self.tx.as_ref().expect("the agent's send side is open");
+        within("the agent to send", tx.send(packet))
+            .await
+            .expect("agent stream open");
+    }
+
+    /// The next packet from the server; fails on end of stream or error.
+    pub async fn recv(&mut self) -> Packet {
+        match within("a packet at the agent", self.rx.message()).await {
+            Ok(Some(packet)) => packet,
+            Ok(None) => panic!("the agent stream ended"),
+            Err(status) => panic!("the agent stream failed: {status:?}"),
+        }
+    }
+
+    /// Waits for the end of the server's side of the stream, returning any packets before it.
+    pub async fn recv_end(&mut self) -> Result<Vec<Packet>, Status> {
+        let mut before = Vec::new();
+        loop {
+            match within("the end of the agent stream", self.rx.message()).await? {
+                Some(packet) => before.push(packet),
+                None => return Ok(before),
+            }
+        }
+    }
+
+    /// Everything the server queued to this agent before now. The server handles an agent's
+    /// packets in order on one loop and answers DATA for an unknown connection with CLOSE_REQ,
+    /// so that CLOSE_REQ marks the point where every earlier packet has been delivered.
+    pub async fn sync(&mut self) -> Vec<Packet> {
+        self.send(data(SYNC_CONNECT_ID, &b"sync"[..])).await;
+        let mut before = Vec::new();
+        loop {
+            let packet = self.recv().await;
+            if packet == close_req(SYNC_CONNECT_ID) {
+                return before;
+            }
+            before.push(packet);
+        }
+    }
+
+    /// Ends the agent's send side cleanly (END_STREAM), as an agent shutting down does.
+    pub fn close_send(&mut self) {
+        self.tx = None;
+    }
+}
+
+/// How a stream dies in a test.
+#[derive(Clone, Copy, Debug)]
+pub enum Death {
+    /// The client half-closes its side (END_STREAM).
+    Eof,
+    /// The client drops the stream (RST_STREAM) and its connection.
+    Reset,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The test frontend
+
+/// A gRPC channel over the frontend Unix socket: one HTTP/2 connection.
+#[derive(Clone)]
+pub struct Frontend {
+    pub client: ProxyServiceClient<Channel>,
+    pub channel: Channel,
+    /// Connections the channel's connector opened.
+    pub connections: Arc<AtomicUsize>,
+}
+
+impl Frontend {
+    /// Connects a plain tonic/h2 client over the Unix socket.
+    pub async fn connect(path: PathBuf) -> Frontend {
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counter = connections.clone();
+        let connector = tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            counter.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        });
+        Frontend::from_connector(connector, connections).await
+    }
+
+    async fn from_connector<C>(connector: C, connections: Arc<AtomicUsize>) -> Frontend
+    where
+        C: tower::Service<http::Uri, Error = std::io::Error> + Send + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin + 'static,
+        C::Future: Send + 'static,
+    {
+        let channel = within(
+            "the frontend UDS connection",
+            Endpoint::from_static("http://localhost").connect_with_connector(connector),
+        )
+        .await
+        .expect("connect to the frontend socket");
+        Frontend {
+            client: ProxyServiceClient::new(channel.clone()),
+            channel,
+            connections,
+        }
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    /// Opens one `/ProxyService/Proxy` stream.
+    pub async fn open(&self) -> Tunnel {
+        let (tx, rx) = mpsc::channel(16);
+        let mut client = self.client.clone();
+        let response = within(
+            "the Proxy response headers",
+            client.proxy(Request::new(ReceiverStream::new(rx))),
+        )
+        .await
+        .expect("Proxy stream accepted");
+        Tunnel {
+            tx: Some(tx),
+            rx: response.into_inner(),
+        }
+    }
+}
+
+/// One `/ProxyService/Proxy` stream, as konnectivity-client opens one per dial.
+pub struct Tunnel {
+    tx: Option<mpsc::Sender<Packet>>,
+    rx: Streaming<Packet>,
+}
+
+impl Tunnel {
+    pub async fn send(&self, packet: Packet) {
+        let tx = self.tx.as_ref().expect("the tunnel's send side is open");
+        within("the frontend to send", tx.send(packet))
+            .await
+            .expect("tunnel stream open");
+    }
+
+    pub async fn recv(&mut self) -> Packet {
+        match within("a packet at the frontend", self.rx.message()).await {
+            Ok(Some(packet)) => packet,
+            Ok(None) => panic!("the tunnel stream ended"),
+            Err(status) => panic!("the tunnel stream failed: {status:?}"),
+        }
+    }
+
+    /// Waits for the end of the server's side of the stream, returning any packets before it.
+    pub async fn recv_end(&mut self) -> Result<Vec<Packet>, Status> {
+        let mut before = Vec::new();
+        loop {
+            match within("the end of the tunnel stream", self.rx.message()).await? {
+                Some(packet) => before.push(packet),
+                None => return Ok(before),
+            }
+        }
+    }
+
+    /// Half-closes the frontend's side (END_STREAM).
+    pub fn close_send(&mut self) {
+        self.tx = None;
+    }
+}
