@@ -156,6 +156,22 @@ impl Pki {
     }
 }
 
+/// Writes a P-256 key in SEC1 PEM.
+fn ec_key(pki: &Pki, file: &str) {
+    openssl(
+        pki.dir.path(),
+        &[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            file,
+        ],
+    );
+}
+
 fn key_header(path: &Path) -> String {
     std::fs::read_to_string(path)
         .unwrap()
@@ -319,18 +335,7 @@ async fn every_key_format_and_an_intermediate_chain_serve_a_handshake() {
 #[tokio::test]
 async fn cipher_suites_by_go_name_and_the_tls_floor() {
     let pki = Pki::new();
-    openssl(
-        pki.dir.path(),
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            "ec.key",
-        ],
-    );
+    ec_key(&pki, "ec.key");
     let chain = pki.issue("ec", "ec.key");
     let key = pki.path("ec.key");
     let files = TlsFiles {
@@ -374,30 +379,8 @@ async fn cipher_suites_by_go_name_and_the_tls_floor() {
 #[tokio::test]
 async fn a_key_that_does_not_match_its_certificate_is_refused() {
     let pki = Pki::new();
-    openssl(
-        pki.dir.path(),
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            "a.key",
-        ],
-    );
-    openssl(
-        pki.dir.path(),
-        &[
-            "ecparam",
-            "-name",
-            "prime256v1",
-            "-genkey",
-            "-noout",
-            "-out",
-            "b.key",
-        ],
-    );
+    ec_key(&pki, "a.key");
+    ec_key(&pki, "b.key");
     let chain = pki.issue("a", "a.key");
     let other = pki.path("b.key");
     let files = TlsFiles {

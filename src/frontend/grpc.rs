@@ -1,9 +1,10 @@
 //! `/ProxyService/Proxy`: one stream per tunnel, as konnectivity-client opens them.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::sleep_until_opt;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admin::metrics::{DialFailure, Segment};
@@ -302,13 +303,3 @@ impl GrpcTunnel {
         }
     }
 }
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Upper bound on how long the frontend side waits for an agent to accept a control packet.
-pub const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
