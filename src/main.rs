@@ -31,7 +31,14 @@ fn main() -> ExitCode {
         "stderr" => konnectivity_server::config::LogFormat::Stderr,
         _ => konnectivity_server::config::LogFormat::Auto,
     };
-    lifecycle::logging::init(options.v, &options.vmodule, log_format);
+    let log_file = lifecycle::logging::FileSink::from_klog(
+        options.logtostderr,
+        &options.log_file,
+        &options.log_dir,
+        options.log_file_max_size,
+        options.alsologtostderr,
+    );
+    lifecycle::logging::init(options.v, &options.vmodule, log_format, log_file);
     for warning in &options.load_warnings {
         tracing::warn!("{warning}");
     }

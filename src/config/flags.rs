@@ -231,10 +231,10 @@ pub struct Options {
     /// Per-module verbosity, pattern=N,... (mapped to per-target filters).
     #[arg(long, default_value = "")]
     pub vmodule: String,
-    /// Accepted; logs always go to stderr (or journald under systemd).
+    /// Log to stderr (or journald under systemd); false uses --log-file or --log-dir.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
     pub logtostderr: bool,
-    /// Accepted for compatibility; no effect.
+    /// With a log file: also log to stderr.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
     pub alsologtostderr: bool,
     /// Accepted for compatibility; no effect.
@@ -249,13 +249,13 @@ pub struct Options {
     /// Accepted for compatibility; no effect.
     #[arg(long, default_value = ":0", value_name = "traceLocation")]
     pub log_backtrace_at: String,
-    /// Accepted for compatibility; no effect.
+    /// With --logtostderr=false: write logs to <dir>/konnectivity-server.log.
     #[arg(long, default_value = "")]
     pub log_dir: String,
-    /// Accepted for compatibility; no effect.
+    /// With --logtostderr=false: write logs to this file.
     #[arg(long, default_value = "")]
     pub log_file: String,
-    /// Accepted for compatibility; no effect.
+    /// The log file starts over at this many MB; 0 is unlimited.
     #[arg(long, default_value_t = 1800)]
     pub log_file_max_size: u64,
     /// Accepted for compatibility; no effect.
