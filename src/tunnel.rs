@@ -268,8 +268,7 @@ impl FrontendQueue {
             _ => 0,
         };
         self.state.took(bytes);
-        self.metrics
-            .packet(Segment::ToClient, packet_type_name(packet.r#type));
+        self.metrics.packet(Segment::ToClient, packet.r#type);
     }
 
     pub async fn recv(&mut self) -> Option<Packet> {
@@ -313,7 +312,7 @@ pub async fn send_to_agent_bounded(agent: &AgentSession, packet: Packet) {
 /// Dispatches one packet received from an agent.
 pub async fn route_from_agent(agent: &AgentSession, metrics: &Metrics, packet: Packet) {
     let kind = PacketType::try_from(packet.r#type);
-    metrics.packet(Segment::FromAgent, packet_type_name(packet.r#type));
+    metrics.packet(Segment::FromAgent, packet.r#type);
     match (kind, &packet.payload) {
         (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
             let rsp = rsp.clone();

@@ -10,6 +10,9 @@ use prometheus::{
 const NAMESPACE: &str = "konnectivity_network_proxy";
 const SUBSYSTEM: &str = "server";
 const LATENCY_BUCKETS: &[f64] = &[1e-6, 1e-5, 1e-4, 0.005, 0.025, 0.1, 0.5, 2.5, 12.5];
+/// DIAL_REQ..DRAIN, and one slot for anything else ("Unknown").
+const PACKET_KINDS: usize = 8;
+
 const CONNECTION_DURATION_BUCKETS: &[f64] = &[
     1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 43200.0, 86400.0,
 ];
@@ -42,6 +45,7 @@ impl DialFailure {
 
 /// Which hop a packet crossed: the `segment` label.
 #[derive(Clone, Copy, Debug)]
+#[repr(usize)]
 pub enum Segment {
     FromClient,
     ToClient,
@@ -81,6 +85,10 @@ pub struct Metrics {
     pub frontend_queue_overflows: prometheus::IntCounter,
     /// Beyond upstream: payload bytes relayed, by direction.
     relayed_bytes: IntCounterVec,
+    /// Series handles resolved once: the label lookup (a hash and a lock) is kept off the
+    /// per-packet path. Created on first use, so series appear only once observed, as upstream.
+    packet_series: [[std::sync::OnceLock<prometheus::IntCounter>; PACKET_KINDS]; 4],
+    relayed_series: [std::sync::OnceLock<prometheus::IntCounter>; 2],
     pub culled_leases_count: prometheus::IntCounter,
     lease_delete_latency: prometheus::HistogramVec,
     lease_delete_total: IntCounterVec,
@@ -226,6 +234,8 @@ impl Metrics {
                 "last_reload_success_timestamp_seconds",
                 "Unix time of the last successful configuration reload.",
             )).unwrap(),
+            packet_series: Default::default(),
+            relayed_series: Default::default(),
             build_info: Gauge::with_opts(opts(
                 "build_info",
                 "Always 1; the version label names the running konnectivity-server build.",
@@ -287,9 +297,18 @@ impl Metrics {
             .get()
     }
 
-    pub fn packet(&self, segment: Segment, packet_type: &str) {
-        self.stream_packets
-            .with_label_values(&[segment.label(), packet_type])
+    /// Counts one packet of wire type `kind` crossing `segment`.
+    pub fn packet(&self, segment: Segment, kind: i32) {
+        let slot = usize::try_from(kind)
+            .ok()
+            .filter(|k| *k < PACKET_KINDS - 1)
+            .unwrap_or(PACKET_KINDS - 1);
+        self.packet_series[segment as usize][slot]
+            .get_or_init(|| {
+                let name = crate::tunnel::packet_type_name(kind);
+                self.stream_packets
+                    .with_label_values(&[segment.label(), name])
+            })
             .inc();
     }
 
@@ -340,8 +359,8 @@ impl Metrics {
 
     pub fn relayed(&self, to_agent: bool, bytes: usize) {
         let direction = if to_agent { "to_agent" } else { "to_frontend" };
-        self.relayed_bytes
-            .with_label_values(&[direction])
+        self.relayed_series[usize::from(to_agent)]
+            .get_or_init(|| self.relayed_bytes.with_label_values(&[direction]))
             .inc_by(bytes as u64);
     }
 

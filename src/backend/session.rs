@@ -122,18 +122,25 @@ impl AgentSession {
 
     /// Sends a packet to the agent, waiting for room in its queue.
     pub async fn send(&self, packet: Packet) -> Result<(), AgentGone> {
-        let kind = packet_type_name(packet.r#type);
-        if let Some(crate::proto::packet::Payload::Data(d)) = &packet.payload {
-            self.metrics.relayed(true, d.data.len());
-        }
+        let kind = packet.r#type;
+        let bytes = match &packet.payload {
+            Some(crate::proto::packet::Payload::Data(d)) => d.data.len(),
+            _ => 0,
+        };
         match self.outbound.send(packet).await {
             Ok(()) => {
                 self.metrics.packet(Segment::ToAgent, kind);
+                if bytes > 0 {
+                    self.metrics.relayed(true, bytes);
+                }
                 Ok(())
             }
             Err(_) => {
-                self.metrics
-                    .stream_error(Segment::ToAgent, tonic::Code::Unavailable, kind);
+                self.metrics.stream_error(
+                    Segment::ToAgent,
+                    tonic::Code::Unavailable,
+                    packet_type_name(kind),
+                );
                 Err(AgentGone)
             }
         }

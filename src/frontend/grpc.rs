@@ -14,8 +14,8 @@ use crate::proto::proxy_service_server::ProxyService;
 use crate::proto::{DialRequest, Packet, PacketType};
 use crate::server::Shared;
 use crate::tunnel::{
-    close_request, close_response, dial_close, dial_response_error, packet_type_name,
-    send_to_agent_bounded, FrontendLink, FrontendQueue, AGENT_DISCONNECTED_DURING_DIAL,
+    close_request, close_response, dial_close, dial_response_error, send_to_agent_bounded,
+    FrontendLink, FrontendQueue, AGENT_DISCONNECTED_DURING_DIAL,
 };
 
 pub const NO_AGENT_AVAILABLE: &str = "No agent available";
@@ -80,7 +80,7 @@ impl GrpcTunnel {
                 _ = sleep_until_opt(deadline) => self.on_dial_deadline(),
                 message = inbound.message() => match message {
                     Ok(Some(packet)) => {
-                        metrics.packet(Segment::FromClient, packet_type_name(packet.r#type));
+                        metrics.packet(Segment::FromClient, packet.r#type);
                         if !self.stopped {
                             self.on_packet(packet).await;
                         }
