@@ -4,6 +4,7 @@
 //! backends) hold one gRPC stream each and dial cluster destinations for it.
 
 pub mod admin;
+pub mod authority;
 pub mod backend;
 pub mod config;
 pub mod dev;

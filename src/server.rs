@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::metrics::Metrics;
+use crate::authority::AuthorityScrub;
 use crate::backend::connect::AgentServer;
 use crate::backend::Registry;
 use crate::config::{Config, FrontendAddr, Mode};
 use crate::frontend::grpc::ProxyFrontend;
-use crate::frontend::uds_authority::AuthorityScrub;
 use crate::proto::agent_service_server::AgentServiceServer;
 use crate::proto::proxy_service_server::ProxyServiceServer;
 use crate::tls::{self, TlsError, TlsFiles, TlsPolicy};
@@ -539,10 +539,9 @@ fn spawn_grpc_frontend(
     let frontend_server = grpc_server(config.frontend_keepalive_time).add_service(proxy_service);
     let stop = shared.hard_stop.clone();
     match listener {
-        // grpc-go's UDS authority needs rewriting before h2 sees it (see uds_authority).
+        // Invalid :authority values are mended before h2 sees them (see authority.rs).
         FrontendListener::Unix(listener) => {
-            let incoming =
-                spawn_uds_acceptor(listener, accept_stop.clone()).map(AuthorityScrub::new);
+            let incoming = spawn_uds_acceptor(listener, accept_stop.clone());
             serve_grpc(servers, frontend_server, incoming, stop, "frontend");
         }
         FrontendListener::Tcp(listener) => {
@@ -557,7 +556,8 @@ fn spawn_grpc_frontend(
     }
 }
 
-/// Runs a gRPC router on `incoming` until `stop`.
+/// Runs a gRPC router on `incoming` until `stop`. Every connection reads through
+/// [`AuthorityScrub`], so clients that send an invalid `:authority` are served.
 fn serve_grpc<IO, S>(
     servers: &TaskTracker,
     router: tonic::transport::server::Router,
@@ -576,7 +576,10 @@ fn serve_grpc<IO, S>(
 {
     servers.spawn(async move {
         if let Err(e) = router
-            .serve_with_incoming_shutdown(hold_open(incoming), stop.cancelled_owned())
+            .serve_with_incoming_shutdown(
+                hold_open(incoming.map(AuthorityScrub::new)),
+                stop.cancelled_owned(),
+            )
             .await
         {
             tracing::error!(error = %e, server = what, "gRPC server failed");

@@ -2,7 +2,6 @@
 
 pub mod grpc;
 pub mod http_connect;
-pub mod uds_authority;
 
 use tokio::time::Instant;
 

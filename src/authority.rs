@@ -1,14 +1,16 @@
-//! Lets every gRPC client talk to us over a Unix socket, grpc-go included.
+//! Lets every gRPC client reach us, whatever `:authority` it sends.
 //!
-//! grpc-go (kube-apiserver, konnectivity-client) sends the percent-encoded socket path as the
-//! HTTP/2 `:authority` of every request on a UDS, e.g. `%2Fetc%2Fkubernetes%2Fkonn.socket`.
-//! The `h2` crate rejects that as a malformed authority and resets the stream
-//! (hyperium/h2#487 is still open). The authority means nothing on a Unix socket, so this
-//! wrapper re-encodes each request header block before `h2` reads it: the client's blocks are
-//! decoded with the client's own HPACK table, an `:authority` that is not a valid authority is
-//! dropped, and the block is encoded again with a table of our own, which `h2`'s decoder
-//! follows. Header order is kept, so pseudo-headers stay first whatever order a client uses.
-//! DATA and every other frame pass through without being buffered.
+//! Some clients send an HTTP/2 `:authority` that is not a valid authority, which the `h2` crate
+//! rejects by resetting the stream (hyperium/h2#487): grpc-go on a Unix socket sends the
+//! percent-encoded socket path (kube-apiserver and konnectivity-client do), and the upstream
+//! agent given `--proxy-server-host=::1` sends `::1:8091` without brackets. Go's HTTP/2 server
+//! accepts both. Every gRPC port therefore reads through this wrapper: each request header
+//! block is decoded in step with the client's HPACK encoder, and where an `:authority` is
+//! invalid, only that field's value is replaced by a valid one of the same decoded length
+//! (`aaa…`). The field keeps its place and its indexing mode and every other byte is kept, so
+//! h2's HPACK table stays the same size as the client's and later indexed references resolve
+//! to the valid value. Blocks without such a field, DATA and every other frame pass through
+//! unchanged.
 
 use std::io;
 use std::pin::Pin;
@@ -30,40 +32,121 @@ const MAX_FRAME: usize = 16_384;
 /// A larger header block ends the connection (h2 refuses such blocks anyway).
 const MAX_BLOCK: usize = 1 << 20;
 
-/// Re-encodes request header blocks; one per connection, since HPACK tables are per
-/// connection and direction.
+/// Mends request header blocks; one per connection, since HPACK tables are per connection
+/// and direction.
+#[derive(Default)]
 pub struct HeaderRecoder {
     decoder: loona_hpack::Decoder<'static>,
-    encoder: loona_hpack::Encoder<'static>,
 }
 
-impl Default for HeaderRecoder {
-    fn default() -> Self {
-        HeaderRecoder {
-            decoder: loona_hpack::Decoder::new(),
-            encoder: loona_hpack::Encoder::new(),
+pub fn valid_authority(value: &[u8]) -> bool {
+    http::uri::Authority::try_from(value).is_ok()
+}
+
+/// An HPACK integer (RFC 7541 section 5.1) with a `prefix_bits`-bit prefix: (value, next pos).
+fn decode_int(buf: &[u8], pos: usize, prefix_bits: u8) -> Option<(usize, usize)> {
+    let mask = (1usize << prefix_bits) - 1;
+    let mut value = (*buf.get(pos)? as usize) & mask;
+    let mut pos = pos + 1;
+    if value < mask {
+        return Some((value, pos));
+    }
+    let mut shift = 0u32;
+    loop {
+        let byte = *buf.get(pos)?;
+        pos += 1;
+        value = value.checked_add(((byte & 0x7f) as usize).checked_shl(shift)?)?;
+        if byte & 0x80 == 0 {
+            return Some((value, pos));
+        }
+        shift += 7;
+        if shift > 28 {
+            return None;
         }
     }
 }
 
-fn valid_authority(value: &[u8]) -> bool {
-    http::uri::Authority::try_from(value).is_ok()
+fn encode_int(out: &mut Vec<u8>, value: usize, prefix_bits: u8, flags: u8) {
+    let mask = (1usize << prefix_bits) - 1;
+    if value < mask {
+        out.push(flags | value as u8);
+        return;
+    }
+    out.push(flags | mask as u8);
+    let mut rest = value - mask;
+    while rest >= 0x80 {
+        out.push((rest as u8 & 0x7f) | 0x80);
+        rest >>= 7;
+    }
+    out.push(rest as u8);
+}
+
+/// The end of the string literal at `pos`.
+fn string_end(buf: &[u8], pos: usize) -> Option<usize> {
+    let (len, start) = decode_int(buf, pos, 7)?;
+    let end = start.checked_add(len)?;
+    (end <= buf.len()).then_some(end)
+}
+
+fn invalid_data(message: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, message.into())
 }
 
 impl HeaderRecoder {
-    /// Decodes a complete header block and encodes it again without an invalid `:authority`.
-    pub fn recode(&mut self, block: &[u8]) -> io::Result<Vec<u8>> {
-        let headers = self.decoder.decode(block).map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("HPACK decoding failed: {e:?}"),
-            )
-        })?;
-        let kept = headers
-            .iter()
-            .filter(|(name, value)| name.as_slice() != AUTHORITY || valid_authority(value))
-            .map(|(name, value)| (name.as_slice(), value.as_slice()));
-        Ok(self.encoder.encode(kept))
+    /// Returns the block to hand to h2: `block` itself when it needs no change.
+    pub fn mend(&mut self, block: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        let headers = self
+            .decoder
+            .decode(block)
+            .map_err(|e| invalid_data(format!("HPACK decoding failed: {e:?}")))?;
+        let broken = |(name, value): &(Vec<u8>, Vec<u8>)| {
+            name.as_slice() == AUTHORITY && !value.is_empty() && !valid_authority(value)
+        };
+        if !headers.iter().any(broken) {
+            return Ok(None);
+        }
+        // Walk the representations in step with the decoded fields: each representation but a
+        // table size update yields exactly one field.
+        let malformed = || invalid_data("malformed HPACK block");
+        let mut out = Vec::with_capacity(block.len());
+        let mut fields = headers.iter();
+        let mut pos = 0;
+        while pos < block.len() {
+            let first = block[pos];
+            if first & 0x80 != 0 {
+                let (_, end) = decode_int(block, pos, 7).ok_or_else(malformed)?;
+                fields.next().ok_or_else(malformed)?;
+                out.extend_from_slice(&block[pos..end]);
+                pos = end;
+                continue;
+            }
+            if first & 0xe0 == 0x20 {
+                let (_, end) = decode_int(block, pos, 5).ok_or_else(malformed)?;
+                out.extend_from_slice(&block[pos..end]);
+                pos = end;
+                continue;
+            }
+            let prefix_bits = if first & 0xc0 == 0x40 { 6 } else { 4 };
+            let (name_index, after_index) =
+                decode_int(block, pos, prefix_bits).ok_or_else(malformed)?;
+            let value_start = if name_index == 0 {
+                string_end(block, after_index).ok_or_else(malformed)?
+            } else {
+                after_index
+            };
+            let value_end = string_end(block, value_start).ok_or_else(malformed)?;
+            let field = fields.next().ok_or_else(malformed)?;
+            out.extend_from_slice(&block[pos..value_start]);
+            if broken(field) {
+                // Same decoded length, so the HPACK table entry keeps its size.
+                encode_int(&mut out, field.1.len(), 7, 0);
+                out.resize(out.len() + field.1.len(), b'a');
+            } else {
+                out.extend_from_slice(&block[value_start..value_end]);
+            }
+            pos = value_end;
+        }
+        Ok(Some(out))
     }
 }
 
@@ -243,14 +326,17 @@ impl<S> AuthorityScrub<S> {
 
     fn finish_open_block(&mut self) {
         let Some(open) = self.open.take() else { return };
-        match self.recoder.recode(&open.block) {
-            Ok(block) => emit_headers(
-                &mut self.output,
-                open.stream,
-                open.flags,
-                &open.priority,
-                &block,
-            ),
+        match self.recoder.mend(&open.block) {
+            Ok(mended) => {
+                let block = mended.as_deref().unwrap_or(&open.block);
+                emit_headers(
+                    &mut self.output,
+                    open.stream,
+                    open.flags,
+                    &open.priority,
+                    block,
+                )
+            }
             Err(e) => self.failed = Some(e),
         }
     }
@@ -348,8 +434,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityScrub<S> {
     }
 }
 
-impl tonic::transport::server::Connected for AuthorityScrub<tokio::net::UnixStream> {
-    type ConnectInfo = <tokio::net::UnixStream as tonic::transport::server::Connected>::ConnectInfo;
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
+    for AuthorityScrub<S>
+{
+    type ConnectInfo = S::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()
@@ -384,9 +472,10 @@ mod tests {
     }
 
     /// grpc-go's order (authority last among pseudo-headers) and h2's (authority before path),
-    /// over several requests so the dynamic tables are exercised.
+    /// over several requests so the dynamic tables are exercised: h2's decoder reading the
+    /// mended blocks must see the same fields, with only invalid authorities replaced.
     #[test]
-    fn invalid_authorities_are_dropped_in_place_for_any_client_order() {
+    fn invalid_authorities_are_mended_in_place_for_any_client_order() {
         let grpc_go = headers(&[
             (":method", "POST"),
             (":scheme", "http"),
@@ -398,8 +487,8 @@ mod tests {
         let h2_order = headers(&[
             (":method", "POST"),
             (":scheme", "http"),
-            (":authority", "%2Ftmp%2Fkonn.sock"),
-            (":path", "/ProxyService/Proxy"),
+            (":authority", "::1:8091"),
+            (":path", "/AgentService/Connect"),
             ("te", "trailers"),
         ]);
         let valid = headers(&[
@@ -411,32 +500,63 @@ mod tests {
         let mut client = loona_hpack::Encoder::new();
         let mut recoder = HeaderRecoder::default();
         let mut server = loona_hpack::Decoder::new();
-        for request in [&grpc_go, &h2_order, &grpc_go, &valid, &h2_order] {
+        for request in [&grpc_go, &h2_order, &grpc_go, &valid, &h2_order, &grpc_go] {
             let block = encode(&mut client, request);
-            let seen = server.decode(&recoder.recode(&block).unwrap()).unwrap();
+            let mended = recoder.mend(&block).unwrap();
+            if request == &valid {
+                assert!(mended.is_none(), "a valid block is passed on unchanged");
+            }
+            let seen = server.decode(mended.as_deref().unwrap_or(&block)).unwrap();
             let expected: Headers = request
                 .iter()
-                .filter(|(n, v)| n.as_slice() != AUTHORITY || valid_authority(v))
-                .cloned()
+                .map(|(n, v)| {
+                    if n.as_slice() == AUTHORITY && !valid_authority(v) {
+                        (n.clone(), vec![b'a'; v.len()])
+                    } else {
+                        (n.clone(), v.clone())
+                    }
+                })
                 .collect();
             assert_eq!(seen, expected);
         }
     }
 
     #[test]
+    fn huffman_coded_authorities_are_mended() {
+        // RFC 7541 C.6.1: the Huffman code of "Mon, 21 Oct 2013 20:13:21 GMT", which is no
+        // valid authority. As a never-indexed :authority (static name index 1).
+        let huffman: [u8; 22] = [
+            0xd0, 0x7a, 0xbe, 0x94, 0x10, 0x54, 0xd4, 0x44, 0xa8, 0x20, 0x05, 0x95, 0x04, 0x0b,
+            0x81, 0x66, 0xe0, 0x82, 0xa6, 0x2d, 0x1b, 0xff,
+        ];
+        let mut block = vec![0x11];
+        encode_int(&mut block, huffman.len(), 7, 0x80);
+        block.extend_from_slice(&huffman);
+        block.push(0x84); // :path /, indexed
+        let decoded = loona_hpack::Decoder::new().decode(&block).unwrap();
+        assert_eq!(decoded[0].1, b"Mon, 21 Oct 2013 20:13:21 GMT");
+        let mended = HeaderRecoder::default().mend(&block).unwrap().unwrap();
+        let seen = loona_hpack::Decoder::new().decode(&mended).unwrap();
+        let expected_value = "a".repeat(29);
+        assert_eq!(
+            seen,
+            headers(&[(":authority", expected_value.as_str()), (":path", "/")])
+        );
+    }
+
+    #[test]
     fn undecodable_blocks_are_errors() {
         let mut recoder = HeaderRecoder::default();
-        assert!(recoder
-            .recode(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff])
-            .is_err());
+        assert!(recoder.mend(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff]).is_err());
     }
 
     #[tokio::test]
-    async fn recodes_frames_in_a_stream_and_passes_data_through() {
+    async fn mends_frames_in_a_stream_and_passes_data_through() {
         let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
         let settings = frame(0x4, 0, 0, &[]);
         let request = headers(&[(":method", "POST"), (":authority", "%2Fa"), (":path", "/p")]);
         let block = encode(&mut loona_hpack::Encoder::new(), &request);
+        let expected_block = HeaderRecoder::default().mend(&block).unwrap().unwrap();
         let (first, second) = block.split_at(3);
         let headers_frame = frame(HEADERS, 0, 1, first);
         let continuation = frame(CONTINUATION, END_HEADERS, 1, second);
@@ -463,15 +583,17 @@ mod tests {
             .await
             .unwrap();
         writer.await.unwrap();
-        let expected_block = encode(
-            &mut loona_hpack::Encoder::new(),
-            &headers(&[(":method", "POST"), (":path", "/p")]),
-        );
         let mut expected = Vec::new();
         expected.extend_from_slice(preface);
         expected.extend_from_slice(&settings);
         expected.extend_from_slice(&frame(HEADERS, END_HEADERS, 1, &expected_block));
         expected.extend_from_slice(&data);
-        assert_eq!(scrubbed, expected);
+        let first_difference = scrubbed.iter().zip(&expected).position(|(a, b)| a != b);
+        assert!(
+            scrubbed == expected,
+            "got {} bytes, expected {}; first difference at {first_difference:?}",
+            scrubbed.len(),
+            expected.len()
+        );
     }
 }
