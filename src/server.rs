@@ -114,6 +114,7 @@ impl Snapshot {
         crate::tunnel::QueueLimits {
             packets: self.config.frontend_write_channel_size,
             bytes: self.config.frontend_queue_limit_bytes,
+            hard_bytes: self.config.frontend_queue_limit_bytes.saturating_mul(4),
             stall: self.config.frontend_queue_stall_timeout,
         }
     }
@@ -230,7 +231,13 @@ impl Listeners {
     }
 }
 
-fn set_tcp_keepalive(stream: &TcpStream) {
+/// Socket options Go sets on every accepted connection: no Nagle delay (small packets such as
+/// dial requests and responses would otherwise wait for the peer's delayed ACK), and TCP
+/// keepalive, so a vanished peer is noticed.
+fn tune_accepted(stream: &TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+    }
     let keepalive = socket2::TcpKeepalive::new()
         .with_time(TCP_KEEPALIVE)
         .with_interval(TCP_KEEPALIVE);
@@ -265,7 +272,7 @@ fn spawn_tls_acceptor(
                     continue;
                 }
             };
-            set_tcp_keepalive(&stream);
+            tune_accepted(&stream);
             let Some(config) = current_tls(&shared.snapshot()) else {
                 continue;
             };

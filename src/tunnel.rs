@@ -91,8 +91,11 @@ pub struct QueueLimits {
     /// Packets held without limit (upstream's --frontend-write-channel-size); beyond this the
     /// queue is full.
     pub packets: usize,
-    /// Bytes a full queue may hold.
+    /// Past this many bytes the agent's receive loop waits for a frontend that is still
+    /// reading (backpressure, as upstream), but not for one that has stopped.
     pub bytes: usize,
+    /// A tunnel whose queue passes this many bytes is closed.
+    pub hard_bytes: usize,
     /// How long a full queue may go without the frontend taking anything.
     pub stall: Duration,
 }
@@ -104,12 +107,26 @@ struct QueueState {
     /// Milliseconds since `epoch` (plus one) when the queue last became full or last made
     /// progress while full; 0 while not full.
     full_since: AtomicU64,
+    /// Milliseconds since `epoch` (plus one) when the frontend last took a packet.
+    last_progress: AtomicU64,
+    /// Woken whenever the frontend takes a packet.
+    room: tokio::sync::Notify,
     epoch: Instant,
     limits: QueueLimits,
     metrics: Arc<Metrics>,
 }
 
+/// A frontend that took something this recently is still reading: the agent may wait for it.
+const PROGRESS_WINDOW: Duration = Duration::from_millis(250);
+
 impl QueueState {
+    fn since_progress(&self) -> Duration {
+        Duration::from_millis(
+            self.now()
+                .saturating_sub(self.last_progress.load(Ordering::Acquire)),
+        )
+    }
+
     fn now(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64 + 1
     }
@@ -140,6 +157,8 @@ impl QueueState {
     fn took(&self, bytes: usize) {
         let left = self.packets.fetch_sub(1, Ordering::AcqRel) - 1;
         self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        self.last_progress.store(self.now(), Ordering::Release);
+        self.room.notify_waiters();
         if left <= self.limits.packets {
             if self.full_since.swap(0, Ordering::AcqRel) != 0 {
                 self.metrics.full_frontend_write_queues.dec();
@@ -181,6 +200,8 @@ impl FrontendLink {
             packets: AtomicUsize::new(0),
             bytes: AtomicUsize::new(0),
             full_since: AtomicU64::new(0),
+            last_progress: AtomicU64::new(1),
+            room: tokio::sync::Notify::new(),
             epoch: Instant::now(),
             limits,
             metrics: metrics.clone(),
@@ -211,6 +232,35 @@ impl FrontendLink {
             .is_some_and(|d| d > self.state.limits.stall)
     }
 
+    /// Waits while this tunnel's queue is past its byte limit and its frontend is still
+    /// reading, so a slow but live reader slows its agent down instead of losing its tunnel (a
+    /// `kubectl cp` to a slow client). A frontend that took nothing for a moment is not waited
+    /// for: its tunnel alone queues on, up to the hard cap or the stall timeout.
+    pub async fn make_room(&self) {
+        let state = &self.state;
+        if state.bytes.load(Ordering::Acquire) <= state.limits.bytes {
+            return;
+        }
+        state.metrics.blocked_frontend_write_channels.inc();
+        loop {
+            let notified = state.room.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let since = state.since_progress();
+            if state.bytes.load(Ordering::Acquire) <= state.limits.bytes
+                || since >= PROGRESS_WINDOW
+                || self.tx.is_closed()
+            {
+                break;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(PROGRESS_WINDOW - since) => {}
+            }
+        }
+        state.metrics.blocked_frontend_write_channels.dec();
+    }
+
     /// Queues a packet without waiting. DATA counts against the limits; control packets
     /// always pass, so a close can still reach a frontend whose queue is full.
     pub fn deliver(&self, packet: Packet) -> Delivery {
@@ -224,7 +274,7 @@ impl FrontendLink {
         let queued = state.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
         if bytes > 0 && packets > state.limits.packets {
             state.mark_full();
-            if queued > state.limits.bytes || self.is_stalled() {
+            if queued > state.limits.hard_bytes || self.is_stalled() {
                 state.packets.fetch_sub(1, Ordering::AcqRel);
                 state.bytes.fetch_sub(bytes, Ordering::AcqRel);
                 return Delivery::Overflow;
@@ -307,6 +357,13 @@ pub async fn send_to_agent_bounded(agent: &AgentSession, packet: Packet) {
             tracing::warn!(agent_id = %agent.agent_id, packet_type = kind, "agent did not accept a control packet within 5s; dropped")
         }
     }
+}
+
+/// Asks the agent to close a connection, once: DATA still in flight for it is then dropped
+/// quietly instead of answered with a CLOSE_REQ each.
+pub async fn close_at_agent(agent: &AgentSession, connect_id: i64) {
+    agent.mark_closing(connect_id);
+    send_to_agent_bounded(agent, close_request(connect_id)).await;
 }
 
 /// Dispatches one packet received from an agent.
@@ -393,7 +450,7 @@ async fn on_dial_response(
             } else {
                 metrics.dial_failure(DialFailure::SendRsp);
                 agent.remove_established(rsp.connect_id);
-                send_to_agent_bounded(agent, close_request(rsp.connect_id)).await;
+                close_at_agent(agent, rsp.connect_id).await;
             }
         }
     }
@@ -403,7 +460,7 @@ async fn reject_unrecognized(agent: &AgentSession, metrics: &Metrics, rsp: &Dial
     metrics.dial_failure(DialFailure::UnrecognizedResponse);
     tracing::debug!(agent_id = %agent.agent_id, dial_id = rsp.random, "DIAL_RSP for an unknown dial");
     if rsp.connect_id != 0 {
-        send_to_agent_bounded(agent, close_request(rsp.connect_id)).await;
+        close_at_agent(agent, rsp.connect_id).await;
     }
 }
 
@@ -413,15 +470,18 @@ async fn on_data(agent: &AgentSession, metrics: &Metrics, connect_id: i64, packe
         return;
     }
     let Some(link) = agent.tunnel(connect_id) else {
-        tracing::debug!(agent_id = %agent.agent_id, connect_id, "DATA for an unknown connection; asking the agent to close it");
-        send_to_agent_bounded(agent, close_request(connect_id)).await;
+        if !agent.is_closing(connect_id) {
+            tracing::debug!(agent_id = %agent.agent_id, connect_id, "DATA for an unknown connection; asking the agent to close it");
+            close_at_agent(agent, connect_id).await;
+        }
         return;
     };
+    link.make_room().await;
     match link.deliver(packet) {
         Delivery::Queued => {}
         Delivery::Gone => {
             if agent.remove_established(connect_id).is_some() {
-                send_to_agent_bounded(agent, close_request(connect_id)).await;
+                close_at_agent(agent, connect_id).await;
             }
         }
         Delivery::Overflow => close_backlogged(agent, metrics, connect_id, &link).await,
@@ -448,7 +508,7 @@ pub async fn close_backlogged(
         "closing tunnel: its frontend stopped reading and its queue passed the byte or stall limit"
     );
     link.deliver(close_response(connect_id, FRONTEND_QUEUE_OVERFLOW));
-    send_to_agent_bounded(agent, close_request(connect_id)).await;
+    close_at_agent(agent, connect_id).await;
 }
 
 /// Closes tunnels whose full queues made no progress for their stall limit, also when no
@@ -507,8 +567,64 @@ mod tests {
         QueueLimits {
             packets,
             bytes,
+            hard_bytes: bytes,
             stall,
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reading_frontend_holds_the_agent_until_there_is_room() {
+        let metrics = Arc::new(Metrics::new());
+        let mut limits = limits(0, 100, Duration::from_secs(60));
+        limits.hard_bytes = 1000;
+        let (link, mut queue) = FrontendLink::new(limits, metrics.clone());
+        for _ in 0..3 {
+            assert_eq!(link.deliver(data(60)), Delivery::Queued);
+        }
+        // A reader that keeps taking, one packet at a time.
+        let reader = tokio::spawn(async move {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                queue.recv().await.unwrap();
+            }
+            queue
+        });
+        tokio::time::timeout(Duration::from_secs(10), link.make_room())
+            .await
+            .expect("room is made");
+        assert!(
+            link.state.bytes.load(Ordering::Acquire) <= 100,
+            "returned only once under the limit"
+        );
+        assert_eq!(metrics.blocked_frontend_write_channels.get(), 0);
+        let _queue = reader.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_stopped_frontend_does_not_hold_the_agent() {
+        let metrics = Arc::new(Metrics::new());
+        let mut limits = limits(0, 100, Duration::from_secs(60));
+        limits.hard_bytes = 1000;
+        let (link, _queue) = FrontendLink::new(limits, metrics.clone());
+        for _ in 0..3 {
+            assert_eq!(
+                link.deliver(data(60)),
+                Delivery::Queued,
+                "past the limit, under the hard cap"
+            );
+        }
+        // Nobody reads: make_room gives up once no progress was seen for the window.
+        tokio::time::timeout(Duration::from_secs(10), link.make_room())
+            .await
+            .expect("not held");
+        assert!(link.state.since_progress() >= PROGRESS_WINDOW);
+        assert_eq!(metrics.blocked_frontend_write_channels.get(), 0);
+        // And the hard cap still closes it.
+        let mut overflowed = false;
+        for _ in 0..20 {
+            overflowed |= link.deliver(data(60)) == Delivery::Overflow;
+        }
+        assert!(overflowed);
     }
 
     #[test]

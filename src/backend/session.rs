@@ -41,7 +41,13 @@ struct Routes {
     established: HashMap<i64, Established>,
     /// Set by teardown: nothing may be added afterwards, so nothing can leak past it.
     closed: bool,
+    /// Connections we asked the agent to close and whose CLOSE_RSP has not come yet, oldest
+    /// first; bounded, and gone with the stream.
+    closing: std::collections::VecDeque<i64>,
 }
+
+/// How many unconfirmed closes a stream remembers.
+const MAX_CLOSING: usize = 1024;
 
 /// Everything a closed route table held: pending dials and established tunnels, by id.
 pub type TornDown = (Vec<(i64, PendingDial)>, Vec<(i64, Established)>);
@@ -200,6 +206,34 @@ impl AgentSession {
         Establish::Established {
             link: pending.link,
             started: pending.started,
+        }
+    }
+
+    /// Remembers that we asked the agent to close `connect_id`.
+    pub fn mark_closing(&self, connect_id: i64) {
+        let mut routes = self.routes();
+        if routes.closing.contains(&connect_id) {
+            return;
+        }
+        if routes.closing.len() >= MAX_CLOSING {
+            routes.closing.pop_front();
+        }
+        routes.closing.push_back(connect_id);
+    }
+
+    pub fn is_closing(&self, connect_id: i64) -> bool {
+        self.routes().closing.contains(&connect_id)
+    }
+
+    /// The agent confirmed a close we asked for; returns whether we had asked.
+    pub fn closing_confirmed(&self, connect_id: i64) -> bool {
+        let mut routes = self.routes();
+        match routes.closing.iter().position(|id| *id == connect_id) {
+            Some(i) => {
+                routes.closing.remove(i);
+                true
+            }
+            None => false,
         }
     }
 

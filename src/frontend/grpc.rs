@@ -14,8 +14,8 @@ use crate::proto::proxy_service_server::ProxyService;
 use crate::proto::{DialRequest, Packet, PacketType};
 use crate::server::Shared;
 use crate::tunnel::{
-    close_request, close_response, dial_close, dial_response_error, send_to_agent_bounded,
-    FrontendLink, FrontendQueue, AGENT_DISCONNECTED_DURING_DIAL,
+    close_response, dial_close, dial_response_error, send_to_agent_bounded, FrontendLink,
+    FrontendQueue, AGENT_DISCONNECTED_DURING_DIAL,
 };
 
 pub const NO_AGENT_AVAILABLE: &str = "No agent available";
@@ -244,7 +244,7 @@ impl GrpcTunnel {
                 "mismatched connection IDs; closing the tunnel"
             );
             if let Released::Established(id) = agent.release(&self.link, self.dial_id) {
-                send_to_agent_bounded(&agent, close_request(id)).await;
+                crate::tunnel::close_at_agent(&agent, id).await;
             }
             self.reply(close_response(own, MISMATCHED_CONNECTION_IDS));
             self.reply(close_response(connect_id, MISMATCHED_CONNECTION_IDS));
@@ -297,7 +297,7 @@ impl GrpcTunnel {
                 send_to_agent_bounded(&agent, dial_close(dial_id)).await
             }
             Released::Established(connect_id) => {
-                send_to_agent_bounded(&agent, close_request(connect_id)).await
+                crate::tunnel::close_at_agent(&agent, connect_id).await
             }
             Released::Nothing => {}
         }

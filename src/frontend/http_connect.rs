@@ -18,7 +18,7 @@ use crate::proto::packet::Payload;
 use crate::proto::{Data, DialRequest, PacketType};
 use crate::server::Shared;
 use crate::tunnel::{
-    close_request, dial_close, packet, send_to_agent_bounded, FrontendLink, FrontendQueue,
+    dial_close, packet, send_to_agent_bounded, FrontendLink, FrontendQueue,
     AGENT_DISCONNECTED_DURING_DIAL,
 };
 
@@ -390,7 +390,7 @@ async fn release(shared: &Shared, agent: &AgentSession, link: &Arc<FrontendLink>
             shared.metrics.dial_failure(DialFailure::FrontendClose);
             send_to_agent_bounded(agent, dial_close(id)).await;
         }
-        Released::Established(id) => send_to_agent_bounded(agent, close_request(id)).await,
+        Released::Established(id) => crate::tunnel::close_at_agent(agent, id).await,
         Released::Nothing => {}
     }
 }

@@ -35,8 +35,12 @@ use tonic::{Request, Status, Streaming};
 /// How long any single wait may take before the test fails.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A connect id the agent-side sync probe uses; no test allocates it.
-const SYNC_CONNECT_ID: i64 = 0x5157_4e43;
+/// The first connect id the agent-side sync probe uses; no test allocates ids this high.
+/// Each probe takes a fresh one: the server asks the agent to close an unknown connection
+/// once, not once per packet.
+const SYNC_CONNECT_ID_BASE: i64 = 0x5157_4e43;
+static NEXT_SYNC_ID: std::sync::atomic::AtomicI64 =
+    std::sync::atomic::AtomicI64::new(SYNC_CONNECT_ID_BASE);
 
 /// Awaits `fut`, failing the test with `what` after [`TIMEOUT`].
 pub async fn within<F: Future>(what: &str, fut: F) -> F::Output {
@@ -496,11 +500,12 @@ impl TestAgent {
     /// packets in order on one loop and answers DATA for an unknown connection with CLOSE_REQ,
     /// so that CLOSE_REQ marks the point where every earlier packet has been delivered.
     pub async fn sync(&mut self) -> Vec<Packet> {
-        self.send(data(SYNC_CONNECT_ID, &b"sync"[..])).await;
+        let probe = NEXT_SYNC_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.send(data(probe, &b"sync"[..])).await;
         let mut before = Vec::new();
         loop {
             let packet = self.recv().await;
-            if packet == close_req(SYNC_CONNECT_ID) {
+            if packet == close_req(probe) {
                 return before;
             }
             before.push(packet);
