@@ -95,8 +95,8 @@ pub struct Options {
     /// Packets queued per tunnel toward its frontend. 0 writes without a queue.
     #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     pub frontend_write_channel_size: i64,
-    /// Beyond upstream: bytes a tunnel's full queue toward its frontend may hold before the
-    /// tunnel is closed (instead of stalling every tunnel on its agent).
+    /// Beyond upstream: past this many bytes queued toward a frontend, the agent waits for a
+    /// frontend that is still reading; one that stopped is closed alone at 4x this.
     #[arg(long, default_value_t = 16 << 20, allow_negative_numbers = true)]
     pub frontend_queue_limit_bytes: i64,
     /// Beyond upstream: how long a tunnel's full queue may go without its frontend taking
