@@ -22,6 +22,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const AUTHORITY: &[u8] = b":authority";
 const PREFACE_LEN: usize = 24;
 const FRAME_HEADER_LEN: usize = 9;
+/// How much one read from the socket asks for when bytes must be looked at.
+const READ_CHUNK: usize = 16 * 1024;
 const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
@@ -220,7 +222,7 @@ impl<S> AuthorityScrub<S> {
         AuthorityScrub {
             inner,
             state: State::Passthrough(PREFACE_LEN),
-            input: BytesMut::with_capacity(16 * 1024),
+            input: BytesMut::new(),
             output: BytesMut::new(),
             open: None,
             recoder: HeaderRecoder::default(),
@@ -233,19 +235,23 @@ impl<S> AuthorityScrub<S> {
         &self.inner
     }
 
+    /// An idle connection keeps no read buffer: thousands of idle tunnels each hold one.
+    fn release_idle_buffer(&mut self) {
+        if self.input.is_empty() && self.input.capacity() > 0 {
+            self.input = BytesMut::new();
+        }
+        if self.output.is_empty() && self.output.capacity() > 0 {
+            self.output = BytesMut::new();
+        }
+    }
+
     /// Moves whatever complete units `input` holds into `output`.
     fn process(&mut self) {
         loop {
             match self.state {
                 State::Passthrough(0) => self.state = State::FrameHeader,
-                State::Passthrough(remaining) => {
-                    if self.input.is_empty() {
-                        return;
-                    }
-                    let take = remaining.min(self.input.len());
-                    self.output.extend_from_slice(&self.input.split_to(take));
-                    self.state = State::Passthrough(remaining - take);
-                }
+                // Payload bytes go from `input` straight to the caller (see poll_read).
+                State::Passthrough(_) => return,
                 State::FrameHeader => {
                     if self.input.len() < FRAME_HEADER_LEN {
                         return;
@@ -359,6 +365,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
                 let take = this.output.len().min(buf.remaining());
                 buf.put_slice(&this.output[..take]);
                 this.output.advance(take);
+                this.release_idle_buffer();
                 return Poll::Ready(Ok(()));
             }
             if this.eof {
@@ -370,9 +377,17 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
                 this.output.extend_from_slice(&rest);
                 continue;
             }
-            // Fast path: a frame payload with nothing buffered is read straight into the
-            // caller's buffer.
+            // Payload bytes are handed over without passing through `output`: from `input`
+            // when some are buffered, else read straight into the caller's buffer.
             if let State::Passthrough(remaining) = this.state {
+                if remaining > 0 && !this.input.is_empty() {
+                    let take = remaining.min(this.input.len()).min(buf.remaining());
+                    buf.put_slice(&this.input[..take]);
+                    this.input.advance(take);
+                    this.state = State::Passthrough(remaining - take);
+                    this.release_idle_buffer();
+                    return Poll::Ready(Ok(()));
+                }
                 if remaining > 0 && this.input.is_empty() {
                     let limit = remaining.min(buf.remaining());
                     let mut direct = ReadBuf::new(buf.initialize_unfilled_to(limit));
@@ -391,14 +406,14 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
             if !this.output.is_empty() {
                 continue;
             }
-            this.input.reserve(16 * 1024);
-            let mut chunk = [0u8; 16 * 1024];
-            let mut read = ReadBuf::new(&mut chunk);
-            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
-            if read.filled().is_empty() {
+            this.input.reserve(READ_CHUNK);
+            if ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut this.inner),
+                cx,
+                &mut this.input
+            ))? == 0
+            {
                 this.eof = true;
-            } else {
-                this.input.extend_from_slice(read.filled());
             }
         }
     }

@@ -191,8 +191,10 @@ impl TokenAuthenticator {
         expected: &Expected,
         metrics: &Metrics,
     ) -> Result<(), String> {
+        // As upstream: only the review and the identity checks are wrapped; metadata problems
+        // are reported as they are.
         let wrap = |e: String| format!("Failed to validate authentication token, err:{e}");
-        let token = bearer_token(metadata).map_err(wrap)?;
+        let token = bearer_token(metadata)?;
         let key = cache_key(&token, &expected.audience);
         if let Some(username) = self.cached_username(&key) {
             metrics.token_review_cache_hit();

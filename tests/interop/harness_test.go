@@ -390,15 +390,33 @@ type farEnd struct {
 	addr   string
 	active atomic.Int64
 	wg     sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[net.Conn]bool
+}
+
+// closeAll closes the listener and every accepted connection.
+func (fe *farEnd) closeAll() {
+	fe.ln.Close()
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	for c := range fe.conns {
+		c.Close()
+	}
 }
 
 func startFarEnd(t *testing.T) *farEnd {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return startFarEndOn(t, "127.0.0.1")
+}
+
+// startFarEndOn starts a far end on host (a loopback address, or one inside a netns).
+func startFarEndOn(t *testing.T, host string) *farEnd {
+	t.Helper()
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	fe := &farEnd{ln: ln, addr: ln.Addr().String()}
+	fe := &farEnd{ln: ln, addr: ln.Addr().String(), conns: map[net.Conn]bool{}}
 	fe.wg.Add(1)
 	go func() {
 		defer fe.wg.Done()
@@ -409,9 +427,13 @@ func startFarEnd(t *testing.T) *farEnd {
 			}
 			fe.active.Add(1)
 			fe.wg.Add(1)
+			fe.mu.Lock()
+			fe.conns[c] = true
+			fe.mu.Unlock()
 			go func() {
 				defer fe.wg.Done()
 				defer fe.active.Add(-1)
+				defer func() { fe.mu.Lock(); delete(fe.conns, c); fe.mu.Unlock() }()
 				defer c.Close()
 				fe.serve(c)
 			}()
@@ -512,10 +534,15 @@ type agentProc struct {
 	*proc
 	id         string
 	healthPort int
+	healthHost string // default 127.0.0.1 (network_test.go runs agents in a netns)
 }
 
 func (a *agentProc) metrics() (metrics, error) {
-	return scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", a.healthPort))
+	host := a.healthHost
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return scrape(fmt.Sprintf("http://%s/metrics", net.JoinHostPort(host, strconv.Itoa(a.healthPort))))
 }
 
 // env is one proxy-server instance (ours or upstream) plus its agents.
@@ -531,6 +558,11 @@ type env struct {
 	nAgents                          int
 	configPath                       string    // --config file (envOpts.config)
 	notify                           *notifier // $NOTIFY_SOCKET listener (envOpts.notify)
+	// Frontend (frontends_test.go): mode, and the TCP+mTLS frontend port (0 = UDS frontend).
+	mode       string
+	serverPort int
+	// agentHost is the address agents dial (default 127.0.0.1).
+	agentHost string
 }
 
 // envOpts changes how newEnvWith starts the server (lifecycle scenarios).
@@ -542,6 +574,17 @@ type envOpts struct {
 	notify bool
 	// extraArgs are appended to the server command line.
 	extraArgs []string
+	// mode is --mode (default grpc).
+	mode string
+	// tcpFrontend serves the frontend on a TCP port with mTLS (--server-cert/--server-key/
+	// --server-ca-cert, no --uds-name) instead of the UDS.
+	tcpFrontend bool
+	// agentBind, if non-nil, is --agent-bind-address (default 127.0.0.1); agentHost is the
+	// address agents then dial (default 127.0.0.1).
+	agentBind *string
+	agentHost string
+	// clusterCert/clusterKey, if set, replace the agent-port certificate.
+	clusterCert, clusterKey string
 }
 
 func newEnv(t *testing.T, impl, serverBin string, bins binaries) *env {
@@ -564,7 +607,18 @@ func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpt
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	e := &env{t: t, impl: impl, bins: bins, dir: dir, sock: filepath.Join(dir, "konn.sock"), ctx: ctx}
+	e := &env{t: t, impl: impl, bins: bins, dir: dir, sock: filepath.Join(dir, "konn.sock"), ctx: ctx,
+		mode: opts.mode, agentHost: opts.agentHost}
+	if e.mode == "" {
+		e.mode = "grpc"
+	}
+	if e.agentHost == "" {
+		e.agentHost = "127.0.0.1"
+	}
+	agentBind := "127.0.0.1"
+	if opts.agentBind != nil {
+		agentBind = *opts.agentBind
+	}
 	cs := getCerts(t)
 	var extraEnv []string
 	if opts.notify {
@@ -573,9 +627,13 @@ func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpt
 	}
 	for attempt := 1; ; attempt++ {
 		e.agentPort, e.healthPort, e.adminPort = freePort(t), freePort(t), freePort(t)
+		clusterCert, clusterKey := cs.serverCert, cs.serverKey
+		if opts.clusterCert != "" {
+			clusterCert, clusterKey = opts.clusterCert, opts.clusterKey
+		}
 		certArgs := []string{
-			"--cluster-cert=" + cs.serverCert,
-			"--cluster-key=" + cs.serverKey,
+			"--cluster-cert=" + clusterCert,
+			"--cluster-key=" + clusterKey,
 			"--cluster-ca-cert=" + cs.ca,
 		}
 		if opts.config != nil {
@@ -585,15 +643,20 @@ func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpt
 			}
 			certArgs = []string{"--config=" + e.configPath}
 		}
-		args := append([]string{
-			"--mode=grpc",
-			"--uds-name=" + e.sock,
-			"--server-port=0"}, certArgs...)
+		frontendArgs := []string{"--uds-name=" + e.sock, "--server-port=0"}
+		if opts.tcpFrontend {
+			e.sock = ""
+			e.serverPort = freePort(t)
+			frontendArgs = []string{"--uds-name=", fmt.Sprintf("--server-port=%d", e.serverPort),
+				"--server-bind-address=127.0.0.1",
+				"--server-cert=" + cs.serverCert, "--server-key=" + cs.serverKey, "--server-ca-cert=" + cs.ca}
+		}
+		args := append(append([]string{"--mode=" + e.mode}, frontendArgs...), certArgs...)
 		args = append(args,
 			fmt.Sprintf("--agent-port=%d", e.agentPort),
 			fmt.Sprintf("--health-port=%d", e.healthPort),
 			fmt.Sprintf("--admin-port=%d", e.adminPort),
-			"--agent-bind-address=127.0.0.1",
+			"--agent-bind-address="+agentBind,
 			"--health-bind-address=127.0.0.1",
 			"--admin-bind-address=127.0.0.1",
 			"--server-id=interop-"+impl,
@@ -623,7 +686,14 @@ func (e *env) waitServerUp(timeout time.Duration) error {
 			return fmt.Errorf("server exited: %v", e.server.exitErr)
 		}
 		code, _, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.healthPort))
-		if err == nil && code == 200 {
+		if err == nil && code == 200 && e.serverPort != 0 {
+			c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", e.serverPort), time.Second)
+			if err == nil {
+				c.Close()
+				return nil
+			}
+			last = fmt.Errorf("frontend port %d: %v", e.serverPort, err)
+		} else if err == nil && code == 200 {
 			if _, err := os.Stat(e.sock); err == nil {
 				return nil
 			}
@@ -653,7 +723,7 @@ func (e *env) startAgent(id, bin string) *agentProc {
 		"--ca-cert="+cs.ca,
 		"--agent-cert="+cs.agentCert,
 		"--agent-key="+cs.agentKey,
-		"--proxy-server-host=127.0.0.1",
+		"--proxy-server-host="+e.agentHost,
 		fmt.Sprintf("--proxy-server-port=%d", e.agentPort),
 		"--agent-id="+id,
 		"--agent-identifiers=host=localhost&ipv4=127.0.0.1",

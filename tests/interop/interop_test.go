@@ -45,6 +45,10 @@ type scenarioX struct {
 	oursOnly bool
 	// opts, if set, gives the server start options per implementation.
 	opts func(impl string) envOpts
+	// setup, if set, replaces opts and may prepare things first (network_test.go).
+	setup func(t *testing.T, impl string) envOpts
+	// parallel scenarios (mostly waiting, little CPU) run together after the others.
+	parallel bool
 }
 
 func allScenarios() []scenarioX {
@@ -52,7 +56,11 @@ func allScenarios() []scenarioX {
 	for _, sc := range scenarios() {
 		all = append(all, scenarioX{scenario: sc})
 	}
-	return append(all, lifecycleScenarios()...)
+	all = append(all, lifecycleScenarios()...)
+	all = append(all, frontendScenarios()...) // frontends_test.go
+	all = append(all, strategyScenarios()...) // strategies_test.go
+	all = append(all, holScenarios()...)      // hol_test.go
+	return append(all, networkScenarios()...) // network_test.go
 }
 
 func scenarios() []scenario {
@@ -125,9 +133,15 @@ func TestInterop(t *testing.T) {
 					continue
 				}
 				t.Run(sc.name, func(t *testing.T) {
+					if sc.parallel {
+						t.Parallel()
+					}
 					var opts envOpts
 					if sc.opts != nil {
 						opts = sc.opts(impl.name)
+					}
+					if sc.setup != nil {
+						opts = sc.setup(t, impl.name)
 					}
 					e := newEnvWith(t, impl.name, impl.bin, bins, opts)
 					sc.run(t, e)

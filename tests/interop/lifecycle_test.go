@@ -48,12 +48,12 @@ const (
 
 func lifecycleScenarios() []scenarioX {
 	return []scenarioX{
-		{scenario{"reload_under_load", scReloadUnderLoad}, true, reloadOpts},
-		{scenario{"invalid_reload_keeps_serving", scInvalidReload}, true, reloadOpts},
-		{scenario{"drain_finishes_within_timeout", scDrainFinishes}, false, drainOpts("10s")},
-		{scenario{"drain_times_out", scDrainTimesOut}, false, drainOpts("2s")},
-		{scenario{"drain_zero_timeout", scDrainZero}, false, drainOpts("0s")},
-		{scenario{"second_sigterm_exits_at_once", scSecondSigterm}, false, drainOpts("60s")},
+		{scenario: scenario{"reload_under_load", scReloadUnderLoad}, oursOnly: true, opts: reloadOpts},
+		{scenario: scenario{"invalid_reload_keeps_serving", scInvalidReload}, oursOnly: true, opts: reloadOpts},
+		{scenario: scenario{"drain_finishes_within_timeout", scDrainFinishes}, oursOnly: false, opts: drainOpts("10s")},
+		{scenario: scenario{"drain_times_out", scDrainTimesOut}, oursOnly: false, opts: drainOpts("2s")},
+		{scenario: scenario{"drain_zero_timeout", scDrainZero}, oursOnly: false, opts: drainOpts("0s")},
+		{scenario: scenario{"second_sigterm_exits_at_once", scSecondSigterm}, oursOnly: false, opts: drainOpts("60s")},
 	}
 }
 

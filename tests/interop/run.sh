@@ -25,9 +25,33 @@ BUILD_OUT="$("$HERE/build.sh")" || { echo "run.sh: build.sh failed" >&2; exit 1;
 BIN_DIR="$(printf '%s\n' "$BUILD_OUT" | tail -n 1)"
 echo "run.sh: upstream binaries in $BIN_DIR"
 
+# The real kube-apiserver + etcd for TestKube (kube_test.go, metrics_test.go): built from the
+# Go module proxy by tests/kube/build.sh into a cache outside the work tree (~10 min cold,
+# instant when cached), started by the test itself. Skipped when GO_TEST_RUN excludes TestKube.
+KUBE_BIN_DIR="${KUBE_BIN_DIR:-}"
+TOOLS_ENV=()
+first_run_elem="${GO_TEST_RUN%%/*}"
+if [[ -z "${GO_TEST_RUN:-}" ]] || [[ "TestKube" =~ $first_run_elem ]]; then
+  if [[ -z "$KUBE_BIN_DIR" ]]; then
+    kube_t0=$(date +%s)
+    if KUBE_OUT="$("$HERE/../kube/build.sh")"; then
+      KUBE_BIN_DIR="$(printf '%s\n' "$KUBE_OUT" | tail -n 1)"
+      echo "run.sh: kube-apiserver + etcd in $KUBE_BIN_DIR ($(( $(date +%s) - kube_t0 ))s)"
+    else
+      echo "run.sh: tests/kube/build.sh failed after $(( $(date +%s) - kube_t0 ))s" >&2
+      if [[ "${CI:-}" == "true" ]]; then exit 1; fi
+    fi
+  fi
+  if TOOLS_OUT="$("$HERE/tools.sh")"; then :; else
+    echo "run.sh: tools.sh could not provide every tool (promtool, haproxy)" >&2
+    if [[ "${CI:-}" == "true" ]]; then exit 1; fi
+  fi
+  mapfile -t TOOLS_ENV < <(printf '%s\n' "${TOOLS_OUT:-}" | grep -E '^[A-Z_]+=')
+fi
+
 LOG="$(mktemp "${TMPDIR:-/tmp}/konn-interop-XXXXXX.log")"
 (
-  cd "$HERE" && KONNECTIVITY_SERVER_BIN="$OURS" UPSTREAM_BIN_DIR="$BIN_DIR" \
+  cd "$HERE" && env "${TOOLS_ENV[@]}" KONNECTIVITY_SERVER_BIN="$OURS" UPSTREAM_BIN_DIR="$BIN_DIR" KUBE_BIN_DIR="$KUBE_BIN_DIR" \
     "$GO" test -count=1 -v -timeout 30m ${GO_TEST_RUN:+-run "$GO_TEST_RUN"} .
 ) 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
@@ -36,7 +60,9 @@ echo
 echo "==================== interop summary (full log: $LOG) ===================="
 sed -nE \
   -e 's/^ *--- (PASS|FAIL|SKIP): TestInterop\/(ours|upstream)\/([^ ]+) \(.*/\3 \2 \1/p' \
-  -e 's/^ *--- (PASS|FAIL|SKIP): TestInterop\/(ours|upstream) \(.*/* \2 \1/p' "$LOG" |
+  -e 's/^ *--- (PASS|FAIL|SKIP): TestInterop\/(ours|upstream) \(.*/* \2 \1/p' \
+  -e 's/^ *--- (PASS|FAIL|SKIP): TestKube\/([^ ]+)\/(ours|upstream) \(.*/kube\/\2 \3 \1/p' \
+  -e 's/^ *--- (PASS|FAIL|SKIP): TestKube\/(compare_[^ /]+) \(.*/kube\/\2 ours \1\nkube\/\2 upstream \1/p' "$LOG" |
 awk '
   # A scenario missing for an implementation that did run is ours-only: n/a.
   function cell(s, impl) {
@@ -62,12 +88,22 @@ awk '
 if grep -q 'RELOAD-FIGURES' "$LOG"; then
   grep -o 'RELOAD-FIGURES.*' "$LOG" | sed 's/^/reload_under_load: /'
 fi
+for fig in HOL-FIGURES BLACKHOLE-FIGURES; do
+  if grep -q "$fig" "$LOG"; then
+    grep -o "$fig.*" "$LOG" | cut -c1-260
+  fi
+done
+for tag in TOKENREVIEW-COUNTS LEASE-TIMING HA-LB EGRESS METRICS-DIFF PROMTOOL; do
+  if grep -qE "${tag}\\[|${tag}:" "$LOG"; then
+    grep -oE "${tag}(\\[|:).*" "$LOG" | cut -c1-400 | sed 's/^/  /'
+  fi
+done
 if grep -q 'KNOWN-UPSTREAM-DIFF' "$LOG"; then
   echo "known upstream differences observed (expected, not failures):"
   grep -o 'KNOWN-UPSTREAM-DIFF.*' "$LOG" | cut -c1-200 | sed 's/^/  /'
 fi
 
-if ! grep -qE -- '--- (PASS|FAIL): TestInterop/' "$LOG"; then
+if ! grep -qE -- '--- (PASS|FAIL): Test(Interop|Kube)/' "$LOG"; then
   echo "run.sh: no scenario ran" >&2
   rc=1
 fi
