@@ -453,6 +453,7 @@ restart_only_settings!(
     enable_lease_controller,
     lease_namespace,
     lease_labels,
+    agent_token_cache_ttl,
 );
 
 impl Config {
