@@ -30,7 +30,7 @@ echo "run.sh: upstream binaries in $BIN_DIR"
 # instant when cached), started by the test itself. Skipped when GO_TEST_RUN excludes TestKube.
 KUBE_BIN_DIR="${KUBE_BIN_DIR:-}"
 TOOLS_ENV=()
-first_run_elem="${GO_TEST_RUN%%/*}"
+first_run_elem="${GO_TEST_RUN:-}"; first_run_elem="${first_run_elem%%/*}"
 if [[ -z "${GO_TEST_RUN:-}" ]] || [[ "TestKube" =~ $first_run_elem ]]; then
   if [[ -z "$KUBE_BIN_DIR" ]]; then
     kube_t0=$(date +%s)
