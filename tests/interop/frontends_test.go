@@ -40,8 +40,8 @@ func frontendScenarios() []scenarioX {
 	httpTCP := func(string) envOpts { return envOpts{mode: "http-connect", tcpFrontend: true} }
 	grpcTCP := func(string) envOpts { return envOpts{tcpFrontend: true} }
 	return []scenarioX{
-		{scenario: scenario{"http_connect_uds", scHTTPConnectUDS}, opts: httpUDS},
-		{scenario: scenario{"http_connect_tcp_mtls", scHTTPConnectTCP}, opts: httpTCP},
+		{scenario: scenario{"http_connect_uds", scHTTPConnectUDS}, opts: httpUDS, upstreamMayLeak: true},
+		{scenario: scenario{"http_connect_tcp_mtls", scHTTPConnectTCP}, opts: httpTCP, upstreamMayLeak: true},
 		{scenario: scenario{"http_connect_no_agent", scHTTPConnectNoAgent}, opts: httpUDS},
 		{scenario: scenario{"http_connect_dial_timeout_504", scHTTPConnectDialTimeout}, opts: func(string) envOpts {
 			return envOpts{mode: "http-connect", extraArgs: []string{"--backend-dial-timeout=1s"}}

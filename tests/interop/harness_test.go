@@ -805,6 +805,42 @@ func (e *env) assertQuiescent(t *testing.T) {
 	})
 }
 
+// quiescentOrKnownDiff is assertQuiescent for upstream's known leak: a gauge left above zero
+// after 10 s is logged as a known upstream difference, not failed.
+func (e *env) quiescentOrKnownDiff(t *testing.T, id string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	leaked := false
+	for {
+		m, err := e.serverMetrics()
+		if err == nil {
+			p, es := m.sum(metricPending), m.sum(metricEstablished)
+			if p == 0 && es == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				knownDiff(t, id, "upstream left pending=%v established=%v after the scenario", p, es)
+				leaked = true
+				break
+			}
+		} else if time.Now().After(deadline) {
+			t.Fatalf("metrics: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if leaked {
+		// The leaked tunnel may hold its endpoint connection open at the agent as well.
+		if n := e.far.active.Load(); n != 0 {
+			knownDiff(t, id, "with it, %d far-end connection(s) stay open", n)
+		}
+		return
+	}
+	eventually(t, 20*time.Second, "far-end connections closed", func() (bool, string) {
+		n := e.far.active.Load()
+		return n == 0, fmt.Sprintf("%d open", n)
+	})
+}
+
 func (e *env) assertServerQuiescent(t *testing.T) {
 	t.Helper()
 	eventually(t, 20*time.Second, "pending_backend_dials and established_connections == 0", func() (bool, string) {

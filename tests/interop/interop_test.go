@@ -49,6 +49,10 @@ type scenarioX struct {
 	setup func(t *testing.T, impl string) envOpts
 	// parallel scenarios (mostly waiting, little CPU) run together after the others.
 	parallel bool
+	// upstreamMayLeak: upstream v0.36's HTTP-CONNECT race (200 line after endpoint data) can
+	// leave an established connection behind; for upstream only, a leftover is recorded as a
+	// known difference instead of failing the run. Ours is always checked strictly.
+	upstreamMayLeak bool
 }
 
 func allScenarios() []scenarioX {
@@ -146,7 +150,11 @@ func TestInterop(t *testing.T) {
 					e := newEnvWith(t, impl.name, impl.bin, bins, opts)
 					sc.run(t, e)
 					if !t.Failed() {
-						e.assertQuiescent(t)
+						if sc.upstreamMayLeak && impl.name == "upstream" {
+							e.quiescentOrKnownDiff(t, "connect-200-race-leak")
+						} else {
+							e.assertQuiescent(t)
+						}
 					}
 				})
 			}
