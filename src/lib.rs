@@ -14,6 +14,7 @@ pub mod lifecycle;
 pub mod server;
 pub mod tls;
 pub mod tunnel;
+pub mod wire;
 
 /// The wire contract, generated from `proto/` at build time.
 #[allow(clippy::all)]
