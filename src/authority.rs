@@ -231,10 +231,6 @@ impl<S> AuthorityScrub<S> {
         }
     }
 
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
     /// An idle connection keeps no read buffer: thousands of idle tunnels each hold one.
     fn release_idle_buffer(&mut self) {
         if self.input.is_empty() && self.input.capacity() > 0 {

@@ -24,6 +24,7 @@ pub fn default_runtime_dir() -> PathBuf {
     std::env::temp_dir().join(format!("konnectivity-server-{}", uid()))
 }
 
+#[allow(unsafe_code)] // a documented site: see the SAFETY note
 fn uid() -> u32 {
     // SAFETY: getuid has no preconditions and cannot fail.
     unsafe { libc::getuid() }

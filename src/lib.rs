@@ -1,25 +1,43 @@
 //! konnectivity-server: a drop-in replacement for the Kubernetes Konnectivity proxy-server.
 //!
 //! kube-apiserver (the frontend) opens tunnels through this server; konnectivity-agents (the
-//! backends) hold one gRPC stream each and dial cluster destinations for it.
+//! backends) hold one gRPC stream each and dial cluster destinations for it. The binary is the
+//! product: this library exists so the binary stays thin and the integration tests can run
+//! servers in-process on listeners they bound themselves. ARCHITECTURE.md maps the modules.
 
-pub mod admin;
-pub mod authority;
-pub mod backend;
+// Bottom of the stack: the wire contract and the vocabulary built on it, metrics, config.
 pub mod config;
-pub mod dev;
-pub mod frontend;
-pub mod kubernetes;
-pub mod lifecycle;
-pub mod server;
-pub mod tls;
-pub mod tunnel;
+mod metrics;
+pub mod proto;
 pub mod wire;
 
-/// The wire contract, generated from `proto/` at build time.
-#[allow(clippy::all)]
-pub mod proto {
-    tonic::include_proto!("_");
-}
+// Building blocks.
+mod authority;
+mod kubernetes;
+pub mod tls;
+mod tunnel;
 
-pub use server::{run, spawn, Listeners, RunningServer};
+// The agent side, shared state, the services on each port.
+mod admin;
+mod agent_service;
+mod backend;
+mod frontend;
+mod state;
+
+// Wiring and process lifecycle.
+pub mod dev;
+pub mod lifecycle;
+mod listen;
+mod server;
+
+pub use listen::{BindError, FrontendListener, Listeners};
+pub use server::{run, spawn, RunError, RunningServer};
+pub use state::{Snapshot, SnapshotError};
+
+/// Internals the integration tests and benchmarks observe. Not a stable interface.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::listen::bind_uds;
+    pub use crate::metrics::{DialFailure, Metrics};
+    pub use crate::state::Shared;
+}

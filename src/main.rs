@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use konnectivity_server::config::{layers, CommandLine, Config, Options};
-use konnectivity_server::{dev, lifecycle, server};
+use konnectivity_server::{dev, lifecycle, Listeners, Snapshot};
 
 /// Prints `message` and returns upstream's exit code for a bad start.
 fn fail(message: impl std::fmt::Display) -> ExitCode {
@@ -75,7 +75,7 @@ fn main() -> ExitCode {
     };
     lifecycle::raise_nofile_limit();
     let result = runtime.block_on(async move {
-        let listeners = server::Listeners::bind(&config).await?;
+        let listeners = Listeners::bind(&config).await?;
         if let Some(setup) = &dev_setup {
             eprint!("{}", setup.describe(options.agent_port));
         }
@@ -109,7 +109,7 @@ fn check_config(config: Config, options: &Options) -> ExitCode {
         .as_ref()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "no config file".into());
-    match server::Snapshot::build(config) {
+    match Snapshot::build(config) {
         Ok(_) => {
             println!("configuration OK ({source})");
             ExitCode::SUCCESS

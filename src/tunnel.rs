@@ -1,8 +1,9 @@
-//! Packet routing between frontends and agents.
+//! One tunnel's queue toward its frontend: the [`FrontendLink`] an agent session delivers
+//! into and the [`FrontendQueue`] the frontend drains.
 //!
-//! Agent → frontend packets are dispatched here by the agent's receive loop. That loop never
-//! waits on a frontend: each frontend has its own queue, capped in bytes, and a tunnel whose
-//! frontend stops draining is closed instead of stalling every other tunnel on the agent.
+//! The agent's receive loop never waits on a frontend that has stopped reading: each frontend
+//! has its own queue, capped in bytes, and a tunnel whose frontend stops draining is closed
+//! instead of stalling every other tunnel on the agent.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -12,68 +13,11 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::admin::metrics::{DialFailure, Metrics, Segment};
-use crate::backend::session::{AgentSession, Establish};
-use crate::proto::packet::Payload;
-use crate::proto::{CloseDial, CloseRequest, CloseResponse, DialResponse, Packet, PacketType};
-
-/// Sent to a gRPC frontend whose dial was pending when its agent disconnected. Upstream leaves
-/// such a dial hanging until the client's own timeout (its issue #126); we answer at once.
-pub const AGENT_DISCONNECTED_DURING_DIAL: &str =
-    "agent disconnected before answering the dial request";
-/// Sent with CLOSE_RSP when a frontend stops draining its queue.
-pub const FRONTEND_QUEUE_OVERFLOW: &str =
-    "tunnel closed: the frontend did not keep up with the data sent to it";
+use crate::metrics::{Metrics, Segment};
+use crate::proto::Packet;
+use crate::wire::data_len;
 
 static NEXT_LINK_UID: AtomicU64 = AtomicU64::new(1);
-
-pub fn packet_type_name(kind: i32) -> &'static str {
-    PacketType::try_from(kind)
-        .map(|t| t.as_str_name())
-        .unwrap_or("Unknown")
-}
-
-pub fn packet(kind: PacketType, payload: Payload) -> Packet {
-    Packet {
-        r#type: kind as i32,
-        payload: Some(payload),
-    }
-}
-
-pub fn dial_response_error(random: i64, error: &str) -> Packet {
-    packet(
-        PacketType::DialRsp,
-        Payload::DialResponse(DialResponse {
-            error: error.to_string(),
-            connect_id: 0,
-            random,
-        }),
-    )
-}
-
-pub fn close_request(connect_id: i64) -> Packet {
-    packet(
-        PacketType::CloseReq,
-        Payload::CloseRequest(CloseRequest { connect_id }),
-    )
-}
-
-pub fn close_response(connect_id: i64, error: &str) -> Packet {
-    packet(
-        PacketType::CloseRsp,
-        Payload::CloseResponse(CloseResponse {
-            error: error.to_string(),
-            connect_id,
-        }),
-    )
-}
-
-pub fn dial_close(random: i64) -> Packet {
-    packet(
-        PacketType::DialCls,
-        Payload::CloseDial(CloseDial { random }),
-    )
-}
 
 /// The outcome of queueing a packet toward a frontend.
 #[derive(Debug, PartialEq, Eq)]
@@ -265,10 +209,7 @@ impl FrontendLink {
     /// always pass, so a close can still reach a frontend whose queue is full.
     pub fn deliver(&self, packet: Packet) -> Delivery {
         let started = Instant::now();
-        let bytes = match &packet.payload {
-            Some(Payload::Data(d)) => d.data.len(),
-            _ => 0,
-        };
+        let bytes = data_len(&packet);
         let state = &self.state;
         let packets = state.packets.fetch_add(1, Ordering::AcqRel) + 1;
         let queued = state.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
@@ -313,11 +254,7 @@ pub struct FrontendQueue {
 
 impl FrontendQueue {
     fn account(&self, packet: &Packet) {
-        let bytes = match &packet.payload {
-            Some(Payload::Data(d)) => d.data.len(),
-            _ => 0,
-        };
-        self.state.took(bytes);
+        self.state.took(data_len(packet));
         self.metrics.packet(Segment::ToClient, packet.r#type);
     }
 
@@ -343,224 +280,13 @@ impl futures_util::Stream for FrontendQueue {
     }
 }
 
-/// Sends a control packet to an agent without letting a stuck agent hold up the caller for
-/// long: cleanup paths must always finish.
-pub async fn send_to_agent_bounded(agent: &AgentSession, packet: Packet) {
-    const CONTROL_SEND_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
-    let kind = packet_type_name(packet.r#type);
-    match tokio::time::timeout(CONTROL_SEND_LIMIT, agent.send(packet)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => {
-            tracing::debug!(agent_id = %agent.agent_id, packet_type = kind, "agent gone; control packet dropped")
-        }
-        Err(_) => {
-            tracing::warn!(agent_id = %agent.agent_id, packet_type = kind, "agent did not accept a control packet within 5s; dropped")
-        }
-    }
-}
-
-/// Asks the agent to close a connection, once: DATA still in flight for it is then dropped
-/// quietly instead of answered with a CLOSE_REQ each.
-pub async fn close_at_agent(agent: &AgentSession, connect_id: i64) {
-    agent.mark_closing(connect_id);
-    send_to_agent_bounded(agent, close_request(connect_id)).await;
-}
-
-/// Dispatches one packet received from an agent.
-pub async fn route_from_agent(agent: &AgentSession, metrics: &Metrics, packet: Packet) {
-    let kind = PacketType::try_from(packet.r#type);
-    metrics.packet(Segment::FromAgent, packet.r#type);
-    match (kind, &packet.payload) {
-        (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
-            let rsp = rsp.clone();
-            on_dial_response(agent, metrics, rsp, packet).await
-        }
-        (Ok(PacketType::Data), Some(Payload::Data(data))) => {
-            let connect_id = data.connect_id;
-            on_data(agent, metrics, connect_id, packet).await
-        }
-        (Ok(PacketType::CloseRsp), Some(Payload::CloseResponse(rsp))) => {
-            match agent.remove_established(rsp.connect_id) {
-                Some(entry) => {
-                    entry.link.deliver(packet);
-                }
-                None => {
-                    tracing::debug!(agent_id = %agent.agent_id, connect_id = rsp.connect_id, "CLOSE_RSP for an unknown connection")
-                }
-            }
-        }
-        (Ok(PacketType::DialCls), Some(Payload::CloseDial(cls))) => {
-            match agent.take_pending(cls.random) {
-                Some(pending) => {
-                    metrics.dial_failure(DialFailure::BackendClose);
-                    pending.link.deliver(packet);
-                }
-                None => {
-                    tracing::debug!(agent_id = %agent.agent_id, dial_id = cls.random, "DIAL_CLS for an unknown dial")
-                }
-            }
-        }
-        (Ok(PacketType::Drain), _) => {
-            tracing::info!(agent_id = %agent.agent_id, "agent is draining; new dials will prefer other agents");
-            agent.set_draining();
-        }
-        (Ok(kind), _) => tracing::warn!(
-            agent_id = %agent.agent_id,
-            packet_type = kind.as_str_name(),
-            "dropping a packet whose type disagrees with its payload or is not expected from an agent"
-        ),
-        (Err(_), _) => {
-            tracing::warn!(agent_id = %agent.agent_id, packet_type = packet.r#type, "dropping a packet of unknown type")
-        }
-    }
-}
-
-async fn on_dial_response(
-    agent: &AgentSession,
-    metrics: &Metrics,
-    rsp: DialResponse,
-    packet: Packet,
-) {
-    if !rsp.error.is_empty() {
-        match agent.take_pending(rsp.random) {
-            Some(pending) => {
-                metrics.dial_failure(DialFailure::ErrorResponse);
-                pending.link.deliver(packet);
-            }
-            None => reject_unrecognized(agent, metrics, &rsp).await,
-        }
-        return;
-    }
-    match agent.establish(rsp.random, rsp.connect_id) {
-        Establish::Unknown => reject_unrecognized(agent, metrics, &rsp).await,
-        Establish::DuplicateConnectId(pending) => {
-            tracing::warn!(agent_id = %agent.agent_id, connect_id = rsp.connect_id, "agent reused a live connect id; failing the new dial");
-            metrics.dial_failure(DialFailure::ErrorResponse);
-            pending.link.deliver(dial_response_error(
-                rsp.random,
-                "agent reused a live connection id",
-            ));
-        }
-        Establish::Established { link, started } => {
-            if link.deliver(packet) == Delivery::Queued {
-                metrics
-                    .dial_duration
-                    .observe(started.elapsed().as_secs_f64());
-                tracing::debug!(agent_id = %agent.agent_id, dial_id = rsp.random, connect_id = rsp.connect_id, "tunnel established");
-            } else {
-                metrics.dial_failure(DialFailure::SendRsp);
-                agent.remove_established(rsp.connect_id);
-                close_at_agent(agent, rsp.connect_id).await;
-            }
-        }
-    }
-}
-
-async fn reject_unrecognized(agent: &AgentSession, metrics: &Metrics, rsp: &DialResponse) {
-    metrics.dial_failure(DialFailure::UnrecognizedResponse);
-    tracing::debug!(agent_id = %agent.agent_id, dial_id = rsp.random, "DIAL_RSP for an unknown dial");
-    if rsp.connect_id != 0 {
-        close_at_agent(agent, rsp.connect_id).await;
-    }
-}
-
-async fn on_data(agent: &AgentSession, metrics: &Metrics, connect_id: i64, packet: Packet) {
-    if connect_id == 0 {
-        tracing::warn!(agent_id = %agent.agent_id, "dropping DATA with connect id 0");
-        return;
-    }
-    let Some(link) = agent.tunnel(connect_id) else {
-        if !agent.is_closing(connect_id) {
-            tracing::debug!(agent_id = %agent.agent_id, connect_id, "DATA for an unknown connection; asking the agent to close it");
-            close_at_agent(agent, connect_id).await;
-        }
-        return;
-    };
-    link.make_room().await;
-    match link.deliver(packet) {
-        Delivery::Queued => {}
-        Delivery::Gone => {
-            if agent.remove_established(connect_id).is_some() {
-                close_at_agent(agent, connect_id).await;
-            }
-        }
-        Delivery::Overflow => close_backlogged(agent, metrics, connect_id, &link).await,
-    }
-}
-
-/// Closes a tunnel whose frontend fell behind past its limits: CLOSE_REQ to the agent, a
-/// CLOSE_RSP with an error to the frontend (HTTP-CONNECT closes the socket), a counter, and
-/// one log line naming the tunnel.
-pub async fn close_backlogged(
-    agent: &AgentSession,
-    metrics: &Metrics,
-    connect_id: i64,
-    link: &FrontendLink,
-) {
-    if agent.remove_established(connect_id).is_none() {
-        return;
-    }
-    metrics.frontend_queue_overflows.inc();
-    tracing::warn!(
-        agent_id = %agent.agent_id,
-        connect_id,
-        frontend = link.uid,
-        "closing tunnel: its frontend stopped reading and its queue passed the byte or stall limit"
-    );
-    link.deliver(close_response(connect_id, FRONTEND_QUEUE_OVERFLOW));
-    close_at_agent(agent, connect_id).await;
-}
-
-/// Closes tunnels whose full queues made no progress for their stall limit, also when no
-/// new data arrives to notice it. Runs once a second until `stop`.
-pub async fn sweep_stalled_tunnels(
-    registry: &crate::backend::Registry,
-    metrics: &Metrics,
-    stop: tokio_util::sync::CancellationToken,
-) {
-    let mut ticks = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
-        for agent in registry.agents() {
-            for (connect_id, link) in agent.established_links() {
-                if link.is_stalled() {
-                    close_backlogged(&agent, metrics, connect_id, &link).await;
-                }
-            }
-        }
-    }
-}
-
-/// Fails or closes everything that used an agent stream that has ended.
-pub fn teardown_agent(agent: &AgentSession, metrics: &Metrics) {
-    let (pending, established) = agent.teardown();
-    for (dial_id, dial) in pending {
-        metrics.dial_failure(DialFailure::BackendClose);
-        dial.link
-            .deliver(dial_response_error(dial_id, AGENT_DISCONNECTED_DURING_DIAL));
-    }
-    for (connect_id, tunnel) in established {
-        tunnel.link.deliver(close_response(connect_id, ""));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::Data;
+    use crate::wire::close_response;
 
     fn data(len: usize) -> Packet {
-        packet(
-            PacketType::Data,
-            Payload::Data(Data {
-                connect_id: 1,
-                error: String::new(),
-                data: bytes::Bytes::from(vec![0u8; len]),
-            }),
-        )
+        crate::wire::data(1, vec![0u8; len])
     }
 
     fn limits(packets: usize, bytes: usize, stall: Duration) -> QueueLimits {

@@ -3,6 +3,7 @@
 //!
 //! The harness builds the upstream binaries from the Go module proxy into a cache outside the
 //! work tree. Without Go this test is skipped, except under CI=true, where it fails.
+#![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
 use std::process::Command;
 

@@ -1,5 +1,6 @@
 //! File descriptors and tasks after shutdown. The only test in this binary, so nothing else
 //! in the process opens or closes descriptors while it counts them.
+#![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The service lifecycle through the real binary: sd_notify messages, reload by signal and by
 //! file change, certificate rotation, and stop.
+#![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -1,6 +1,7 @@
 //! TLS parity with the Go server: RSA and ECDSA keys in PKCS#1, PKCS#8 and SEC1 PEM, chains
 //! with intermediates, Go cipher-suite names and minimum versions, each proven by a handshake.
 //! Keys and certificates are made with the openssl command line, as operators make them.
+#![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -5,18 +5,18 @@
 //! `misbehaving_*` cover peers that break the protocol, each contained to its own stream.
 //! Every test ends with [`Harness::finish`]: the gauges return to 0, every stream task ends,
 //! and after shutdown the runtime is back to its baseline task count.
+#![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
 mod common;
 
 use common::*;
-use konnectivity_server::admin::metrics::DialFailure;
-use konnectivity_server::frontend::grpc::{
-    BACKEND_NOT_INITIALIZED, BACKEND_UNINITIALIZED, DIAL_TIMEOUT, MISMATCHED_CONNECTION_IDS,
-    NO_AGENT_AVAILABLE,
-};
 use konnectivity_server::proto::packet::Payload;
 use konnectivity_server::proto::{DialResponse, Packet, PacketType};
-use konnectivity_server::tunnel::AGENT_DISCONNECTED_DURING_DIAL;
+use konnectivity_server::testing::DialFailure;
+use konnectivity_server::wire::{
+    AGENT_DISCONNECTED_DURING_DIAL, BACKEND_NOT_INITIALIZED, BACKEND_UNINITIALIZED, DIAL_TIMEOUT,
+    MISMATCHED_CONNECTION_IDS, NO_AGENT_AVAILABLE,
+};
 
 const ADDRESS: &str = "10.0.0.1:443";
 
@@ -813,7 +813,7 @@ async fn misbehaving_agent_same_agent_id_streams_cannot_touch_each_others_connec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misbehaving_frontend_stops_reading_only_its_tunnel_is_closed() {
-    use konnectivity_server::tunnel::FRONTEND_QUEUE_OVERFLOW;
+    use konnectivity_server::wire::FRONTEND_QUEUE_OVERFLOW;
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;

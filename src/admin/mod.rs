@@ -1,6 +1,5 @@
 //! The health port (/healthz, /readyz, /ready, /metrics) and the admin port (/metrics).
 
-pub mod metrics;
 pub mod profiling;
 
 use std::convert::Infallible;
@@ -15,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
-use crate::server::Shared;
+use crate::state::Shared;
 
 pub const NOT_READY_BODY: &str = "no connection to any proxy agent";
 pub const SHUTTING_DOWN_BODY: &str = "shutting down";

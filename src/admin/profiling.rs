@@ -57,6 +57,7 @@ pub fn cpu_profile(duration: Duration) -> Result<Vec<u8>, ProfileError> {
 }
 
 /// A text view of the system allocator's heap (glibc's mallinfo2).
+#[allow(unsafe_code)] // a documented site: see the SAFETY note
 pub fn heap_summary() -> String {
     // SAFETY: mallinfo2 takes no arguments, only reads the allocator's own counters and
     // returns a plain struct by value; it has no preconditions.

@@ -1,15 +1,15 @@
-//! The agent side: connected agent streams, the strategies that pick one for a dial, and the
-//! `/AgentService/Connect` service.
+//! The agent side: connected agent streams and their route tables, the dispatch of what agents
+//! send, and the strategies that pick an agent for a dial.
 
-pub mod connect;
+pub mod dispatch;
 pub mod identifiers;
 pub mod session;
 pub mod strategy;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::admin::metrics::Metrics;
 use crate::config::Strategy;
+use crate::metrics::Metrics;
 use identifiers::remove_port_from_host;
 use session::AgentSession;
 use strategy::Storage;

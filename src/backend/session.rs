@@ -14,9 +14,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::identifiers::AgentIdentifiers;
-use crate::admin::metrics::{Metrics, Segment};
+use crate::metrics::{Metrics, Segment};
 use crate::proto::Packet;
-use crate::tunnel::{packet_type_name, FrontendLink};
+use crate::tunnel::FrontendLink;
+use crate::wire::{data_len, packet_type_name};
 
 static NEXT_SESSION_UID: AtomicU64 = AtomicU64::new(1);
 
@@ -129,10 +130,7 @@ impl AgentSession {
     /// Sends a packet to the agent, waiting for room in its queue.
     pub async fn send(&self, packet: Packet) -> Result<(), AgentGone> {
         let kind = packet.r#type;
-        let bytes = match &packet.payload {
-            Some(crate::proto::packet::Payload::Data(d)) => d.data.len(),
-            _ => 0,
-        };
+        let bytes = data_len(&packet);
         match self.outbound.send(packet).await {
             Ok(()) => {
                 self.metrics.packet(Segment::ToAgent, kind);

@@ -2,29 +2,21 @@
 
 use std::sync::Arc;
 
-use tokio::time::Instant;
-
-use super::sleep_until_opt;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admin::metrics::{DialFailure, Segment};
-use crate::backend::session::{AddPendingError, AgentSession, Released};
+use super::dial::{dial, Dial, DialError, FrontendKind};
+use super::sleep_until_opt;
+use crate::metrics::Segment;
 use crate::proto::packet::Payload;
 use crate::proto::proxy_service_server::ProxyService;
 use crate::proto::{DialRequest, Packet, PacketType};
-use crate::server::Shared;
-use crate::tunnel::{
-    close_response, dial_close, dial_response_error, send_to_agent_bounded, FrontendLink,
-    FrontendQueue, AGENT_DISCONNECTED_DURING_DIAL,
+use crate::state::Shared;
+use crate::tunnel::{FrontendLink, FrontendQueue};
+use crate::wire::{
+    close_response, dial_response_error, AGENT_DISCONNECTED_DURING_DIAL, BACKEND_NOT_INITIALIZED,
+    BACKEND_UNINITIALIZED, CLOSE_REQ_FAILED, DIAL_TIMEOUT, MISMATCHED_CONNECTION_IDS,
+    UNRECOGNIZED_CONNECT_ID,
 };
-
-pub const NO_AGENT_AVAILABLE: &str = "No agent available";
-pub const DIAL_TIMEOUT: &str = "timed out waiting for backend dial";
-pub const BACKEND_NOT_INITIALIZED: &str = "backend not initialized";
-pub const BACKEND_UNINITIALIZED: &str = "backend uninitialized";
-pub const MISMATCHED_CONNECTION_IDS: &str = "mismatched connection IDs";
-pub const CLOSE_REQ_FAILED: &str = "CLOSE_REQ to backend failed";
-pub const SHUTTING_DOWN: &str = "konnectivity-server is shutting down: no new dials accepted";
 
 pub struct ProxyFrontend {
     pub shared: Arc<Shared>,
@@ -44,9 +36,7 @@ impl ProxyService for ProxyFrontend {
         let tunnel = GrpcTunnel {
             shared: shared.clone(),
             link,
-            agent: None,
-            dial_id: 0,
-            deadline: None,
+            dial: None,
             stopped: false,
         };
         shared.tasks.spawn(tunnel.serve(request.into_inner()));
@@ -58,10 +48,8 @@ impl ProxyService for ProxyFrontend {
 struct GrpcTunnel {
     shared: Arc<Shared>,
     link: Arc<FrontendLink>,
-    agent: Option<Arc<AgentSession>>,
-    dial_id: i64,
-    /// When a pending dial times out (--backend-dial-timeout).
-    deadline: Option<Instant>,
+    /// The dial this stream sent, once it reached an agent.
+    dial: Option<Dial>,
     /// After a fatal error the stream is only drained, as upstream does, until the client ends it.
     stopped: bool,
 }
@@ -73,7 +61,7 @@ impl GrpcTunnel {
         gauge.inc();
         let hard_stop = self.shared.hard_stop.clone();
         loop {
-            let deadline = self.deadline;
+            let deadline = self.dial.as_ref().and_then(|d| d.deadline);
             tokio::select! {
                 biased;
                 _ = hard_stop.cancelled() => break,
@@ -127,96 +115,48 @@ impl GrpcTunnel {
     }
 
     async fn on_dial_request(&mut self, req: DialRequest, packet: Packet) {
-        let metrics = &self.shared.metrics;
-        if self.agent.is_some() {
+        if self.dial.is_some() {
             tracing::warn!(
                 frontend = self.link.uid,
                 "ignoring a second DIAL_REQ on one stream"
             );
             return;
         }
-        if self.shared.is_draining() {
-            self.reply(dial_response_error(req.random, SHUTTING_DOWN));
-            self.stopped = true;
-            return;
-        }
-        let Some(agent) = self.shared.registry.pick(&req.address) else {
-            metrics.dial_failure(DialFailure::NoAgent);
-            self.reply(dial_response_error(req.random, NO_AGENT_AVAILABLE));
-            self.stopped = true;
-            return;
-        };
-        match agent.add_pending(req.random, self.link.clone()) {
-            Ok(()) => {}
-            Err(AddPendingError::AgentGone) => {
-                metrics.dial_failure(DialFailure::BackendClose);
-                self.reply(dial_response_error(
-                    req.random,
-                    AGENT_DISCONNECTED_DURING_DIAL,
-                ));
-                self.stopped = true;
-                return;
-            }
-            Err(AddPendingError::DuplicateDialId) => {
-                self.reply(dial_response_error(
-                    req.random,
-                    "a dial with this id is already pending",
-                ));
-                self.stopped = true;
-                return;
-            }
-        }
-        self.agent = Some(agent.clone());
-        self.dial_id = req.random;
-        tracing::debug!(agent_id = %agent.agent_id, dial_id = req.random, address = %req.address, "dialing through agent");
-        let timeout = self.shared.snapshot().config.backend_dial_timeout;
-        let sent = match timeout {
-            Some(limit) => match tokio::time::timeout(limit, agent.send(packet)).await {
-                Ok(result) => result.map_err(|_| false),
-                Err(_) => Err(true),
-            },
-            None => agent.send(packet).await.map_err(|_| false),
-        };
-        match sent {
-            Ok(()) => self.deadline = timeout.map(|t| Instant::now() + t),
-            Err(timed_out) => {
-                if agent.take_pending(req.random).is_some() {
-                    if timed_out {
-                        metrics.dial_failure(DialFailure::BackendDialTimeout);
-                        // An agent that cannot take a DIAL_REQ in time is stuck: retire it so
-                        // later dials go elsewhere and it reconnects afresh.
-                        tracing::warn!(agent_id = %agent.agent_id, "retiring agent: sending DIAL_REQ timed out");
-                        agent.set_draining();
-                        agent.retired.cancel();
-                        self.reply(dial_response_error(req.random, DIAL_TIMEOUT));
-                    } else {
-                        metrics.dial_failure(DialFailure::BackendClose);
-                        self.reply(dial_response_error(
-                            req.random,
-                            AGENT_DISCONNECTED_DURING_DIAL,
-                        ));
-                    }
-                }
+        let kind = FrontendKind::Grpc;
+        match dial(
+            &self.shared,
+            kind,
+            &self.link,
+            &req.address,
+            req.random,
+            packet,
+        )
+        .await
+        {
+            Ok(dial) => self.dial = Some(dial),
+            Err(e) => {
+                let text = match e {
+                    // Said the same way as when the agent dies later, while the dial waits.
+                    DialError::SendFailed => AGENT_DISCONNECTED_DURING_DIAL.to_string(),
+                    e => e.to_string(),
+                };
+                self.reply(dial_response_error(req.random, &text));
                 self.stopped = true;
             }
         }
     }
 
     fn on_dial_deadline(&mut self) {
-        self.deadline = None;
-        let Some(agent) = &self.agent else { return };
-        if agent.take_pending(self.dial_id).is_some() {
-            self.shared
-                .metrics
-                .dial_failure(DialFailure::BackendDialTimeout);
-            tracing::info!(agent_id = %agent.agent_id, dial_id = self.dial_id, "dial timed out waiting for the agent");
-            self.reply(dial_response_error(self.dial_id, DIAL_TIMEOUT));
+        let Some(dial) = &mut self.dial else { return };
+        if dial.expire() {
+            let dial_id = dial.id;
+            self.reply(dial_response_error(dial_id, DIAL_TIMEOUT));
             self.stopped = true;
         }
     }
 
     async fn on_data(&mut self, connect_id: i64, packet: Packet) {
-        let Some(agent) = self.agent.clone() else {
+        let Some(agent) = self.dial.as_ref().map(|d| d.agent.clone()) else {
             self.reply(close_response(connect_id, BACKEND_NOT_INITIALIZED));
             self.stopped = true;
             return;
@@ -243,8 +183,8 @@ impl GrpcTunnel {
                 own,
                 "mismatched connection IDs; closing the tunnel"
             );
-            if let Released::Established(id) = agent.release(&self.link, self.dial_id) {
-                crate::tunnel::close_at_agent(&agent, id).await;
+            if let Some(dial) = &self.dial {
+                dial.release().await;
             }
             self.reply(close_response(own, MISMATCHED_CONNECTION_IDS));
             self.reply(close_response(connect_id, MISMATCHED_CONNECTION_IDS));
@@ -257,7 +197,7 @@ impl GrpcTunnel {
     }
 
     async fn on_close_request(&mut self, connect_id: i64, packet: Packet) {
-        let Some(agent) = self.agent.clone() else {
+        let Some(agent) = self.dial.as_ref().map(|d| d.agent.clone()) else {
             self.reply(close_response(connect_id, BACKEND_UNINITIALIZED));
             return;
         };
@@ -267,7 +207,7 @@ impl GrpcTunnel {
                 connect_id,
                 "CLOSE_REQ for a connection this stream does not own"
             );
-            self.reply(close_response(connect_id, "unrecognized connectID"));
+            self.reply(close_response(connect_id, UNRECOGNIZED_CONNECT_ID));
             return;
         }
         if agent.send(packet).await.is_err() {
@@ -278,28 +218,16 @@ impl GrpcTunnel {
     }
 
     fn on_dial_close(&mut self, dial_id: i64) {
-        let Some(agent) = &self.agent else { return };
-        if dial_id == self.dial_id && agent.take_pending(dial_id).is_some() {
-            self.shared.metrics.dial_failure(DialFailure::FrontendClose);
-            self.deadline = None;
+        if let Some(dial) = &mut self.dial {
+            dial.cancel(dial_id);
         }
     }
 
     /// Runs when the stream ends, however it ends: whatever this tunnel still holds at its
     /// agent is removed and the agent told.
     async fn release(&mut self) {
-        let Some(agent) = self.agent.take() else {
-            return;
-        };
-        match agent.release(&self.link, self.dial_id) {
-            Released::Pending(dial_id) => {
-                self.shared.metrics.dial_failure(DialFailure::FrontendClose);
-                send_to_agent_bounded(&agent, dial_close(dial_id)).await
-            }
-            Released::Established(connect_id) => {
-                crate::tunnel::close_at_agent(&agent, connect_id).await
-            }
-            Released::Nothing => {}
+        if let Some(dial) = self.dial.take() {
+            dial.release().await;
         }
     }
 }

@@ -10,17 +10,13 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::time::Instant;
 
-use crate::admin::metrics::DialFailure;
-use crate::backend::session::{AddPendingError, AgentSession, Released};
+use super::dial::{dial, Dial, DialError, FrontendKind};
+use crate::backend::session::AgentSession;
 use crate::proto::packet::Payload;
-use crate::proto::{Data, DialRequest, PacketType};
-use crate::server::Shared;
-use crate::tunnel::{
-    dial_close, packet, send_to_agent_bounded, FrontendLink, FrontendQueue,
-    AGENT_DISCONNECTED_DURING_DIAL,
-};
+use crate::state::Shared;
+use crate::tunnel::{FrontendLink, FrontendQueue};
+use crate::wire::{dial_request, AGENT_DISCONNECTED_DURING_DIAL};
 
 /// Go's http.Server ReadHeaderTimeout in upstream.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -163,93 +159,57 @@ async fn answer<S: AsyncWrite + Unpin>(stream: &mut S, bytes: &[u8]) {
     let _ = stream.shutdown().await;
 }
 
+/// The reply to a dial that did not reach an agent, in upstream's bytes.
+fn dial_error_response(error: DialError) -> Vec<u8> {
+    match error {
+        DialError::ShuttingDown => {
+            plain_response("503 Service Unavailable", &format!("{error}\r\n"))
+        }
+        DialError::NoAgent => NO_AGENT.to_vec(),
+        DialError::SendTimedOut => plain_response(
+            "504 Gateway Timeout",
+            &format!("Failed to tunnel dial request: {error}\r\n"),
+        ),
+        DialError::AgentGone | DialError::DuplicateDialId | DialError::SendFailed => {
+            plain_response(
+                "502 Bad Gateway",
+                &format!("Failed to tunnel dial request: {error}\r\n"),
+            )
+        }
+    }
+}
+
 async fn tunnel<S>(shared: &Arc<Shared>, mut stream: S, head: Head)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let metrics = &shared.metrics;
-    if shared.is_draining() {
-        let body = format!("{}\r\n", crate::frontend::grpc::SHUTTING_DOWN);
-        return answer(
-            &mut stream,
-            &plain_response("503 Service Unavailable", &body),
-        )
-        .await;
-    }
     // The dial target is the request-target (authority form), not the Host header.
     let address = head.target.clone();
-    let Some(agent) = shared.registry.pick(&address) else {
-        return answer(&mut stream, NO_AGENT).await;
-    };
-    let snapshot = shared.snapshot();
-    let (link, mut queue) = FrontendLink::new(snapshot.queue_limits(), metrics.clone());
+    let (link, mut queue) =
+        FrontendLink::new(shared.snapshot().queue_limits(), shared.metrics.clone());
     let dial_id = fastrand::i64(0..i64::MAX);
-    if let Err(e) = agent.add_pending(dial_id, link.clone()) {
-        metrics.dial_failure(DialFailure::BackendClose);
-        let reason = match e {
-            AddPendingError::AgentGone => AGENT_DISCONNECTED_DURING_DIAL,
-            AddPendingError::DuplicateDialId => "a dial with this id is already pending",
-        };
-        let body = format!("Failed to tunnel dial request: {reason}\r\n");
-        return answer(&mut stream, &plain_response("502 Bad Gateway", &body)).await;
-    }
-    let request = packet(
-        PacketType::DialReq,
-        Payload::DialRequest(DialRequest {
-            protocol: "tcp".into(),
-            address: address.clone(),
-            random: dial_id,
-        }),
-    );
-    let timeout = snapshot.config.backend_dial_timeout;
-    let sent = match timeout {
-        Some(limit) => tokio::time::timeout(limit, agent.send(request))
-            .await
-            .map_err(|_| true)
-            .and_then(|r| r.map_err(|_| false)),
-        None => agent.send(request).await.map_err(|_| false),
+    let request = dial_request(&address, dial_id);
+    let kind = FrontendKind::HttpConnect;
+    let mut dial = match dial(shared, kind, &link, &address, dial_id, request).await {
+        Ok(dial) => dial,
+        Err(e) => return answer(&mut stream, &dial_error_response(e)).await,
     };
-    if let Err(timed_out) = sent {
-        if agent.take_pending(dial_id).is_some() {
-            let response = if timed_out {
-                metrics.dial_failure(DialFailure::BackendDialTimeout);
-                tracing::warn!(agent_id = %agent.agent_id, "retiring agent: sending DIAL_REQ timed out");
-                agent.set_draining();
-                agent.retired.cancel();
-                plain_response(
-                    "504 Gateway Timeout",
-                    "Failed to tunnel dial request: timed out waiting for backend dial\r\n",
-                )
-            } else {
-                metrics.dial_failure(DialFailure::BackendClose);
-                plain_response(
-                    "502 Bad Gateway",
-                    "Failed to tunnel dial request: agent stream closed\r\n",
-                )
-            };
-            return answer(&mut stream, &response).await;
-        }
-    }
-    tracing::debug!(agent_id = %agent.agent_id, dial_id, %address, "CONNECT dialing through agent");
-    let deadline = timeout.map(|t| Instant::now() + t);
     let mut early = BytesMut::from(&head.rest[..]);
-    match await_dial(
+    let outcome = await_dial(
         shared,
-        &agent,
+        &mut dial,
         &link,
-        dial_id,
         &mut queue,
         &mut stream,
         &mut early,
-        deadline,
     )
-    .await
-    {
+    .await;
+    match outcome {
         DialOutcome::Established(connect_id) => {
             if stream.write_all(ESTABLISHED).await.is_ok() {
                 pump(
                     shared,
-                    &agent,
+                    &dial.agent,
                     connect_id,
                     &mut queue,
                     stream,
@@ -257,10 +217,10 @@ where
                 )
                 .await;
             }
-            release(shared, &agent, &link, dial_id).await;
+            dial.release().await;
         }
         DialOutcome::Respond(bytes) => answer(&mut stream, &bytes).await,
-        DialOutcome::ClientGone => release(shared, &agent, &link, dial_id).await,
+        DialOutcome::ClientGone => dial.release().await,
     }
 }
 
@@ -272,18 +232,14 @@ enum DialOutcome {
 
 /// Waits for the agent's answer, the dial deadline, the client leaving, or the server stopping.
 /// Bytes the client sends meanwhile are kept for the tunnel.
-#[allow(clippy::too_many_arguments)]
 async fn await_dial<S: AsyncRead + Unpin>(
     shared: &Shared,
-    agent: &AgentSession,
+    dial: &mut Dial,
     link: &Arc<FrontendLink>,
-    dial_id: i64,
     queue: &mut FrontendQueue,
     stream: &mut S,
     early: &mut BytesMut,
-    deadline: Option<Instant>,
 ) -> DialOutcome {
-    let metrics = &shared.metrics;
     loop {
         tokio::select! {
             packet = queue.recv() => match packet.and_then(|p| p.payload) {
@@ -297,9 +253,8 @@ async fn await_dial<S: AsyncRead + Unpin>(
                 // DIAL_CLS from the agent, or the link closed: nothing to say.
                 _ => return DialOutcome::ClientGone,
             },
-            _ = crate::frontend::sleep_until_opt(deadline) => {
-                if agent.take_pending(dial_id).is_some() {
-                    metrics.dial_failure(DialFailure::BackendDialTimeout);
+            _ = crate::frontend::sleep_until_opt(dial.deadline) => {
+                if dial.expire() {
                     return DialOutcome::Respond(plain_response(
                         "504 Gateway Timeout",
                         "Backend dial timeout: timed out waiting for backend dial\r\n",
@@ -372,27 +327,10 @@ async fn pump<S>(
 }
 
 async fn send_data(agent: &AgentSession, connect_id: i64, data: Bytes) -> Result<(), ()> {
-    let packet = packet(
-        PacketType::Data,
-        Payload::Data(Data {
-            connect_id,
-            error: String::new(),
-            data,
-        }),
-    );
-    agent.send(packet).await.map_err(|_| ())
-}
-
-/// Removes what the tunnel still holds at its agent and tells the agent.
-async fn release(shared: &Shared, agent: &AgentSession, link: &Arc<FrontendLink>, dial_id: i64) {
-    match agent.release(link, dial_id) {
-        Released::Pending(id) => {
-            shared.metrics.dial_failure(DialFailure::FrontendClose);
-            send_to_agent_bounded(agent, dial_close(id)).await;
-        }
-        Released::Established(id) => crate::tunnel::close_at_agent(agent, id).await,
-        Released::Nothing => {}
-    }
+    agent
+        .send(crate::wire::data(connect_id, data))
+        .await
+        .map_err(|_| ())
 }
 
 #[cfg(test)]

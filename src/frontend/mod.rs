@@ -1,5 +1,6 @@
 //! Frontends: kube-apiserver's side of the tunnel.
 
+pub mod dial;
 pub mod grpc;
 pub mod http_connect;
 

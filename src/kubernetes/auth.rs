@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use tonic::metadata::MetadataMap;
 
 use super::Kube;
-use crate::admin::metrics::Metrics;
+use crate::metrics::Metrics;
 
 /// Bounds the cache so a flood of distinct tokens cannot grow it without limit.
 const MAX_CACHED: usize = 65_536;

@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use tokio_util::sync::CancellationToken;
 
 use super::{error_status, Kube};
-use crate::admin::metrics::Metrics;
+use crate::metrics::Metrics;
 
 pub const LEASE_DURATION: Duration = Duration::from_secs(30);
 pub const RENEW_INTERVAL: Duration = Duration::from_secs(15);

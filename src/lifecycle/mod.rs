@@ -14,7 +14,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{layers, CommandLine, Config};
-use crate::server::{self, Listeners, RunningServer, Shared, Snapshot};
+use crate::listen::Listeners;
+use crate::server::{self, RunningServer};
+use crate::state::{Shared, Snapshot};
 
 /// Raises the soft open-file limit to the hard limit, as the Go runtime does at start: every
 /// tunnel holds sockets.
@@ -130,12 +132,7 @@ pub async fn run_service(
     config: Config,
     listeners: Listeners,
 ) -> Result<(), server::RunError> {
-    let mut signals =
-        Signals::new([SIGHUP, SIGTERM, SIGINT]).map_err(|source| server::RunError::Bind {
-            what: "signal handlers",
-            addr: String::new(),
-            source,
-        })?;
+    let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT]).map_err(server::RunError::Signals)?;
     let running: RunningServer = server::spawn(config, listeners)?;
     let shared = running.shared.clone();
     let reloader = Arc::new(Reloader::new(cli, shared.clone()));

@@ -7,7 +7,7 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::Shared;
+use crate::state::Shared;
 
 fn send(states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {

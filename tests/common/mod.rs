@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use konnectivity_server::admin::metrics::Metrics;
 use konnectivity_server::config::{Config, Options};
 use konnectivity_server::proto::agent_service_client::AgentServiceClient;
 use konnectivity_server::proto::packet::Payload;
@@ -21,9 +20,9 @@ use konnectivity_server::proto::proxy_service_client::ProxyServiceClient;
 use konnectivity_server::proto::{
     CloseDial, CloseRequest, CloseResponse, Data, DialRequest, DialResponse, Packet, PacketType,
 };
-use konnectivity_server::server::{bind_uds, FrontendListener};
+use konnectivity_server::testing::{bind_uds, Metrics};
 use konnectivity_server::tls::DevPki;
-use konnectivity_server::{Listeners, RunningServer};
+use konnectivity_server::{FrontendListener, Listeners, RunningServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::mpsc;
@@ -389,7 +388,7 @@ impl Harness {
 
 /// A server that has been shut down.
 pub struct Stopped {
-    shared: Arc<konnectivity_server::server::Shared>,
+    shared: Arc<konnectivity_server::testing::Shared>,
     baseline_tasks: usize,
     _dir: tempfile::TempDir,
 }

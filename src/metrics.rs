@@ -143,103 +143,103 @@ impl Metrics {
             grpc_connections: IntGaugeVec::new(
                 opts("grpc_connections", "Number of current grpc connections, partitioned by service method."),
                 &["service_method"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             http_connections: IntGauge::with_opts(opts(
                 "http_connections",
                 "Number of current HTTP CONNECT connections",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             ready_backend_connections: IntGauge::with_opts(opts(
                 "ready_backend_connections",
                 "Number of konnectivity agent connected to the proxy server. DEPRECATED, please use ready_backends",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             ready_backends: IntGaugeVec::new(
                 opts("ready_backends", "Number of konnectivity agent connected to the proxy server"),
                 &["proxy_strategy"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             pending_backend_dials: IntGauge::with_opts(opts(
                 "pending_backend_dials",
                 "Current number of pending backend dial requests",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             established_connections: IntGauge::with_opts(opts(
                 "established_connections",
                 "Current number of established end-to-end connections (post-dial).",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             full_receive_channels: IntGaugeVec::new(
                 opts("full_receive_channels", "Number of current connections blocked by a full receive channel, partitioned by service method."),
                 &["service_method"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             full_frontend_write_queues: IntGauge::with_opts(opts(
                 "full_frontend_write_queues",
                 "Number of per-connection HTTP CONNECT frontend write queues currently at capacity.",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             blocked_frontend_write_channels: IntGauge::with_opts(opts(
                 "blocked_frontend_write_channels",
                 "Number of backend receive loops currently blocked enqueueing to a full HTTP CONNECT frontend write channel.",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             dial_failure_count: IntCounterVec::new(
                 opts("dial_failure_count", "Number of dial failures observed. Multiple failures can occur for a single dial request."),
                 &["reason"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             stream_packets: IntCounterVec::new(
                 opts("stream_packets_total", "Count of packets processed, by segment and packet type (example: from_client, DIAL_REQ)"),
                 &["segment", "packet_type"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             stream_errors: IntCounterVec::new(
                 opts("stream_errors_total", "Count of gRPC stream errors, by segment, grpc Code, packet type. (example: from_agent, Code.Unavailable, DIAL_RSP)"),
                 &["segment", "code", "packet_type"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             frontend_queue_overflows: prometheus::IntCounter::with_opts(opts(
                 "frontend_queue_overflows_total",
                 "Tunnels closed because their frontend did not drain its queue within the byte or time limit.",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             relayed_bytes: IntCounterVec::new(
                 opts("relayed_bytes_total", "Payload bytes relayed between frontends and agents, by direction."),
                 &["direction"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             culled_leases_count: prometheus::IntCounter::with_opts(opts(
                 "culled_leases_count",
                 "Count of expired leases that the lease garbage collection controller has culled.",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             lease_delete_latency: prometheus::HistogramVec::new(
                 HistogramOpts::new("lease_delete_latency_seconds", "Latency of lease deletion calls by the garbage collection controller in seconds.")
                     .namespace(NAMESPACE).subsystem(SUBSYSTEM),
                 &["http_status_code"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             lease_delete_total: IntCounterVec::new(
                 opts("lease_delete_total", "Count of lease delection calls by the garbage collection controller. Labeled by HTTP status code and reason."),
                 &["http_status_code", "reason"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             lease_list_latency: prometheus::HistogramVec::new(
                 HistogramOpts::new("lease_list_latency_seconds", "Latency of lease list calls by the garbage collection controller in seconds.")
                     .namespace(NAMESPACE).subsystem(SUBSYSTEM),
                 &["http_status_code"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             lease_list_total: IntCounterVec::new(
                 opts("lease_list_total", "Count of lease deletion calls by the garbage collection controller. Labeled by HTTP status code and reason."),
                 &["http_status_code", "reason"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             token_reviews: IntCounterVec::new(
                 opts("token_reviews_total", "TokenReviews sent to the API server for agent authentication, by result (ok, error)."),
                 &["result"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             token_review_cache_hits: prometheus::IntCounter::with_opts(opts(
                 "token_review_cache_hits_total",
                 "Agent tokens accepted from the review cache without a TokenReview.",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             reloads: IntCounterVec::new(
                 opts("reloads_total", "Configuration reloads, by result (success or failure)."),
                 &["result"],
-            ).unwrap(),
+            ).expect("a valid metric definition"),
             last_reload_success: Gauge::with_opts(opts(
                 "last_reload_success_timestamp_seconds",
                 "Unix time of the last successful configuration reload.",
-            )).unwrap(),
+            )).expect("a valid metric definition"),
             packet_series: Default::default(),
             relayed_series: Default::default(),
             build_info: Gauge::with_opts(opts(
                 "build_info",
                 "Always 1; the version label names the running konnectivity-server build.",
-            ).const_label("version", env!("CARGO_PKG_VERSION"))).unwrap(),
+            ).const_label("version", env!("CARGO_PKG_VERSION"))).expect("a valid metric definition"),
             registry,
         };
         m.register_all();
@@ -310,7 +310,7 @@ impl Metrics {
             .unwrap_or(PACKET_KINDS - 1);
         self.packet_series[segment as usize][slot]
             .get_or_init(|| {
-                let name = crate::tunnel::packet_type_name(kind);
+                let name = crate::wire::packet_type_name(kind);
                 self.stream_packets
                     .with_label_values(&[segment.label(), name])
             })

@@ -8,13 +8,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::identifiers::AgentIdentifiers;
-use super::session::AgentSession;
-use crate::admin::metrics::Segment;
+use crate::backend::dispatch::{route_from_agent, teardown_agent};
+use crate::backend::identifiers::AgentIdentifiers;
+use crate::backend::session::AgentSession;
+use crate::metrics::Segment;
 use crate::proto::agent_service_server::AgentService;
 use crate::proto::Packet;
-use crate::server::Shared;
-use crate::tunnel::{route_from_agent, teardown_agent};
+use crate::state::Shared;
 
 /// Renders metadata values as Go prints a `[]string` with `%v`: `[a b]`.
 fn go_string_list(values: &[String]) -> String {

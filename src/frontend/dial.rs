@@ -1,0 +1,178 @@
+//! The dial protocol, written once for every frontend: refuse while draining, pick an agent,
+//! record the pending dial, send DIAL_REQ within --backend-dial-timeout (retiring an agent
+//! that cannot take it), and, however the tunnel ends, release what it still holds at its
+//! agent. Frontends only render the outcome in their own protocol; the dial-failure metrics
+//! are recorded here, so the frontends cannot disagree about them.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+
+use crate::backend::dispatch::{close_at_agent, send_to_agent_bounded};
+use crate::backend::session::{AddPendingError, AgentSession, Released};
+use crate::metrics::{DialFailure, Metrics};
+use crate::proto::Packet;
+use crate::state::Shared;
+use crate::tunnel::FrontendLink;
+use crate::wire::{
+    dial_close, AGENT_DISCONNECTED_DURING_DIAL, DIAL_TIMEOUT, DUPLICATE_DIAL_ID,
+    NO_AGENT_AVAILABLE, SHUTTING_DOWN,
+};
+
+/// Which frontend protocol a tunnel speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrontendKind {
+    Grpc,
+    HttpConnect,
+}
+
+/// Why a dial request did not reach an agent. Each is counted (or not) here, as upstream
+/// counts it for that frontend; the frontend turns it into its own reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DialError {
+    #[error("{SHUTTING_DOWN}")]
+    ShuttingDown,
+    #[error("{NO_AGENT_AVAILABLE}")]
+    NoAgent,
+    /// The chosen agent's stream ended before the dial could be recorded.
+    #[error("{AGENT_DISCONNECTED_DURING_DIAL}")]
+    AgentGone,
+    #[error("{DUPLICATE_DIAL_ID}")]
+    DuplicateDialId,
+    /// The agent's stream closed while the DIAL_REQ was being sent.
+    #[error("agent stream closed")]
+    SendFailed,
+    /// The agent did not take the DIAL_REQ within the dial timeout; it was retired.
+    #[error("{DIAL_TIMEOUT}")]
+    SendTimedOut,
+}
+
+impl DialError {
+    fn record(self, kind: FrontendKind, metrics: &Metrics) {
+        let failure = match self {
+            DialError::ShuttingDown | DialError::DuplicateDialId => return,
+            // Upstream counts `no_agent` for gRPC only; its HTTP-CONNECT path records nothing.
+            DialError::NoAgent if kind == FrontendKind::HttpConnect => return,
+            DialError::NoAgent => DialFailure::NoAgent,
+            DialError::AgentGone | DialError::SendFailed => DialFailure::BackendClose,
+            DialError::SendTimedOut => DialFailure::BackendDialTimeout,
+        };
+        metrics.dial_failure(failure);
+    }
+}
+
+/// A dial sent to an agent, pending or established, owned by one frontend tunnel.
+pub struct Dial {
+    pub agent: Arc<AgentSession>,
+    pub id: i64,
+    /// When a still-pending dial times out (--backend-dial-timeout); `None` once settled.
+    pub deadline: Option<Instant>,
+    link: Arc<FrontendLink>,
+    metrics: Arc<Metrics>,
+    /// Keeps the drain waiting while this tunnel holds anything at its agent.
+    _drain: TaskTrackerToken,
+}
+
+/// Sends `request` (a DIAL_REQ with id `dial_id` for `address`) to an agent on behalf of the
+/// frontend tunnel whose queue is `link`.
+pub async fn dial(
+    shared: &Shared,
+    kind: FrontendKind,
+    link: &Arc<FrontendLink>,
+    address: &str,
+    dial_id: i64,
+    request: Packet,
+) -> Result<Dial, DialError> {
+    let result = send_dial(shared, link, address, dial_id, request).await;
+    if let Err(e) = result {
+        e.record(kind, &shared.metrics);
+    }
+    result
+}
+
+async fn send_dial(
+    shared: &Shared,
+    link: &Arc<FrontendLink>,
+    address: &str,
+    dial_id: i64,
+    request: Packet,
+) -> Result<Dial, DialError> {
+    if shared.is_draining() {
+        return Err(DialError::ShuttingDown);
+    }
+    let agent = shared.registry.pick(address).ok_or(DialError::NoAgent)?;
+    agent
+        .add_pending(dial_id, link.clone())
+        .map_err(|e| match e {
+            AddPendingError::AgentGone => DialError::AgentGone,
+            AddPendingError::DuplicateDialId => DialError::DuplicateDialId,
+        })?;
+    let drain = shared.tunnel_token();
+    tracing::debug!(agent_id = %agent.agent_id, dial_id, %address, "dialing through agent");
+    let timeout = shared.snapshot().config.backend_dial_timeout;
+    let sent = match timeout {
+        Some(limit) => tokio::time::timeout(limit, agent.send(request))
+            .await
+            .map_err(|_| DialError::SendTimedOut)
+            .and_then(|sent| sent.map_err(|_| DialError::SendFailed)),
+        None => agent.send(request).await.map_err(|_| DialError::SendFailed),
+    };
+    // A failed send whose pending entry is already gone was answered through the link (the
+    // agent's teardown sent the frontend its DIAL_RSP): the tunnel then goes on as if sent.
+    if let Err(e) = sent {
+        if agent.take_pending(dial_id).is_some() {
+            if e == DialError::SendTimedOut {
+                // An agent that cannot take a DIAL_REQ in time is stuck: retire it so later
+                // dials go elsewhere and it reconnects afresh.
+                tracing::warn!(agent_id = %agent.agent_id, "retiring agent: sending DIAL_REQ timed out");
+                agent.set_draining();
+                agent.retired.cancel();
+            }
+            return Err(e);
+        }
+    }
+    Ok(Dial {
+        agent,
+        id: dial_id,
+        deadline: timeout.map(|t| Instant::now() + t),
+        link: link.clone(),
+        metrics: shared.metrics.clone(),
+        _drain: drain,
+    })
+}
+
+impl Dial {
+    /// The dial deadline passed. Returns whether the dial was still pending (it is then
+    /// removed and counted as a timeout); the frontend answers it.
+    pub fn expire(&mut self) -> bool {
+        self.deadline = None;
+        let expired = self.agent.take_pending(self.id).is_some();
+        if expired {
+            self.metrics.dial_failure(DialFailure::BackendDialTimeout);
+            tracing::info!(agent_id = %self.agent.agent_id, dial_id = self.id, "dial timed out waiting for the agent");
+        }
+        expired
+    }
+
+    /// The frontend withdrew its dial (DIAL_CLS). As upstream, the agent is not told.
+    pub fn cancel(&mut self, dial_id: i64) {
+        if dial_id == self.id && self.agent.take_pending(dial_id).is_some() {
+            self.metrics.dial_failure(DialFailure::FrontendClose);
+            self.deadline = None;
+        }
+    }
+
+    /// Removes whatever this tunnel still holds at its agent and tells the agent: DIAL_CLS for
+    /// a pending dial, CLOSE_REQ for a connection. Safe to call more than once.
+    pub async fn release(&self) {
+        match self.agent.release(&self.link, self.id) {
+            Released::Pending(dial_id) => {
+                self.metrics.dial_failure(DialFailure::FrontendClose);
+                send_to_agent_bounded(&self.agent, dial_close(dial_id)).await
+            }
+            Released::Established(connect_id) => close_at_agent(&self.agent, connect_id).await,
+            Released::Nothing => {}
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Listening sockets and the accept loops that feed the servers: binding, socket options,
+//! TLS handshakes (bounded in time and in number), and back-off when accepting fails.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, FrontendAddr};
+use crate::state::{Shared, Snapshot};
+
+/// How long a TLS handshake may take before the connection is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TLS handshakes in progress per listener. Past this the listener stops accepting, and new
+/// connections wait in the kernel's backlog, so a flood of silent clients costs a bounded
+/// amount of memory and cannot starve the handshakes of real agents of CPU for long.
+const MAX_CONCURRENT_HANDSHAKES: usize = 256;
+/// Go's default TCP keepalive on accepted sockets.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(15);
+/// Back-off after a failed accept (usually EMFILE), doubling up to the maximum, as Go's
+/// net/http server does.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+#[error("failed to listen on {what} {addr}: {source}")]
+pub struct BindError {
+    what: &'static str,
+    addr: String,
+    #[source]
+    source: std::io::Error,
+}
+
+/// The frontend's listening socket.
+pub enum FrontendListener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+/// Sockets the server serves on. Tests bind their own (any port) and pass them in.
+pub struct Listeners {
+    pub frontend: FrontendListener,
+    pub agent: TcpListener,
+    pub health: TcpListener,
+    pub admin: TcpListener,
+}
+
+async fn bind_tcp(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr).await.map_err(|source| BindError {
+        what,
+        addr: addr.to_string(),
+        source,
+    })
+}
+
+/// Binds a Unix socket with mode 0770 (upstream's umask 0007), removing a stale file first
+/// when asked to.
+pub fn bind_uds(path: &Path, delete_existing: bool) -> Result<UnixListener, BindError> {
+    use std::os::unix::fs::PermissionsExt;
+    let bind_error = |source| BindError {
+        what: "the frontend socket",
+        addr: path.display().to_string(),
+        source,
+    };
+    if delete_existing {
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove the existing socket file")
+            }
+        }
+    }
+    let listener = UnixListener::bind(path).map_err(bind_error)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o770)).map_err(bind_error)?;
+    Ok(listener)
+}
+
+impl Listeners {
+    /// Binds every listener the configuration names.
+    pub async fn bind(config: &Config) -> Result<Listeners, BindError> {
+        let frontend = match &config.frontend_addr {
+            FrontendAddr::Uds {
+                path,
+                delete_existing,
+            } => FrontendListener::Unix(bind_uds(path, *delete_existing)?),
+            FrontendAddr::Tcp(addr) => {
+                FrontendListener::Tcp(bind_tcp("the frontend port", *addr).await?)
+            }
+        };
+        Ok(Listeners {
+            frontend,
+            agent: bind_tcp("the agent port", config.agent_addr).await?,
+            health: bind_tcp("the health port", config.health_addr).await?,
+            admin: bind_tcp("the admin port", config.admin_addr).await?,
+        })
+    }
+}
+
+/// Socket options Go sets on every accepted connection: no Nagle delay (small packets such as
+/// dial requests and responses would otherwise wait for the peer's delayed ACK), and TCP
+/// keepalive, so a vanished peer is noticed.
+fn tune_accepted(stream: &TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY");
+    }
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(TCP_KEEPALIVE)
+        .with_interval(TCP_KEEPALIVE);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::debug!(error = %e, "could not enable TCP keepalive");
+    }
+}
+
+/// Exponential back-off for a listener whose accepts fail, logged once per episode rather than
+/// once per attempt, so descriptor exhaustion does not also flood the journal.
+struct AcceptBackoff {
+    what: &'static str,
+    delay: Option<Duration>,
+    failures: u64,
+}
+
+impl AcceptBackoff {
+    fn new(what: &'static str) -> AcceptBackoff {
+        AcceptBackoff {
+            what,
+            delay: None,
+            failures: 0,
+        }
+    }
+
+    async fn failed(&mut self, error: std::io::Error) {
+        let delay = match self.delay {
+            None => {
+                tracing::warn!(listener = self.what, %error, "accept failed; backing off (logged once until accepting works again)");
+                ACCEPT_BACKOFF_MIN
+            }
+            Some(d) => (d * 2).min(ACCEPT_BACKOFF_MAX),
+        };
+        self.delay = Some(delay);
+        self.failures += 1;
+        tokio::time::sleep(delay).await;
+    }
+
+    fn succeeded(&mut self) {
+        if self.delay.take().is_some() {
+            tracing::info!(
+                listener = self.what,
+                failures = self.failures,
+                "accepting again after failures"
+            );
+            self.failures = 0;
+        }
+    }
+}
+
+/// Accepts TCP connections and runs each TLS handshake in its own task with a timeout, so a
+/// silent client cannot hold up the next one. Each handshake uses the TLS configuration
+/// current at accept time; established sessions keep theirs.
+pub fn spawn_tls_acceptor(
+    shared: &Arc<Shared>,
+    what: &'static str,
+    listener: TcpListener,
+    current_tls: fn(&Snapshot) -> Option<Arc<rustls::ServerConfig>>,
+    stop: CancellationToken,
+) -> ReceiverStream<tokio_rustls::server::TlsStream<TcpStream>> {
+    let (tx, rx) = mpsc::channel(64);
+    let shared = shared.clone();
+    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
+    tokio::spawn(async move {
+        let mut backoff = AcceptBackoff::new(what);
+        loop {
+            let permit = tokio::select! {
+                _ = stop.cancelled() => break,
+                permit = handshakes.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+            };
+            let accepted = tokio::select! {
+                _ = stop.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(conn) => {
+                    backoff.succeeded();
+                    conn
+                }
+                Err(e) => {
+                    backoff.failed(e).await;
+                    continue;
+                }
+            };
+            tune_accepted(&stream);
+            let Some(config) = current_tls(&shared.snapshot()) else {
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let acceptor = TlsAcceptor::from(config);
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                let result = handshake.await;
+                drop(permit);
+                match result {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send(tls).await;
+                    }
+                    Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Accepts Unix-socket connections until `stop`.
+pub fn spawn_uds_acceptor(
+    listener: UnixListener,
+    stop: CancellationToken,
+) -> ReceiverStream<tokio::net::UnixStream> {
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut backoff = AcceptBackoff::new("the frontend socket");
+        loop {
+            let accepted = tokio::select! {
+                _ = stop.cancelled() => break,
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, _)) => {
+                    backoff.succeeded();
+                    if tx.send(stream).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => backoff.failed(e).await,
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Keeps a server's incoming stream open after its acceptor stops, so that stopping to accept
+/// does not also begin closing the connections already open; those end at hard stop.
+pub fn hold_open<S: futures_util::Stream + Send + 'static>(
+    stream: S,
+) -> impl futures_util::Stream<Item = Result<S::Item, std::io::Error>> {
+    stream.map(Ok).chain(futures_util::stream::pending())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn accept_backoff_doubles_to_a_second_and_resets() {
+        let mut backoff = AcceptBackoff::new("test");
+        let mut delays = Vec::new();
+        for _ in 0..10 {
+            let before = tokio::time::Instant::now();
+            backoff
+                .failed(std::io::Error::from_raw_os_error(libc::EMFILE))
+                .await;
+            delays.push(before.elapsed());
+        }
+        assert_eq!(delays[0], ACCEPT_BACKOFF_MIN);
+        assert_eq!(delays[1], ACCEPT_BACKOFF_MIN * 2);
+        assert_eq!(*delays.last().unwrap(), ACCEPT_BACKOFF_MAX);
+        assert_eq!(backoff.failures, 10);
+        backoff.succeeded();
+        assert_eq!(backoff.delay, None);
+        assert_eq!(backoff.failures, 0);
+    }
+}

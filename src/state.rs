@@ -1,0 +1,177 @@
+//! State shared by every task of one server: the runtime snapshot (swapped whole on reload),
+//! the agent registry, the metrics, and the tokens and trackers that drain and stop it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::Registry;
+use crate::config::{Config, FrontendAddr, Mode};
+use crate::kubernetes::auth::TokenAuthenticator;
+use crate::metrics::Metrics;
+use crate::tls::{self, TlsError, TlsFiles, TlsPolicy};
+use crate::tunnel::QueueLimits;
+
+/// Why a configuration could not become a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("failed to load the agent port's TLS configuration: {0}")]
+    AgentTls(#[source] TlsError),
+    #[error("failed to load the frontend's TLS configuration: {0}")]
+    FrontendTls(#[source] TlsError),
+}
+
+/// Everything that can change on a reload, swapped as a whole.
+pub struct Snapshot {
+    pub config: Arc<Config>,
+    pub agent_tls: Arc<rustls::ServerConfig>,
+    pub frontend_tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl Snapshot {
+    pub fn build(config: Config) -> Result<Snapshot, SnapshotError> {
+        let policy = TlsPolicy {
+            cipher_suites: &config.cipher_suites,
+            min_version: config.tls_min_version,
+        };
+        let agent_files = match (&config.cluster_cert, &config.cluster_key) {
+            (Some(cert), Some(key)) => TlsFiles {
+                cert,
+                key,
+                client_ca: config.cluster_ca_cert.as_deref(),
+            },
+            _ => {
+                return Err(SnapshotError::AgentTls(TlsError::Missing(
+                    "the agent port (--cluster-cert, --cluster-key)",
+                )))
+            }
+        };
+        let agent_tls =
+            tls::server_config(&agent_files, &policy, &[b"h2"]).map_err(SnapshotError::AgentTls)?;
+        let frontend_tls = match (
+            &config.frontend_addr,
+            &config.server_cert,
+            &config.server_key,
+        ) {
+            (FrontendAddr::Tcp(_), Some(cert), Some(key)) => {
+                let files = TlsFiles {
+                    cert,
+                    key,
+                    client_ca: config.server_ca_cert.as_deref(),
+                };
+                let alpn: &[&[u8]] = match config.mode {
+                    Mode::Grpc => &[b"h2"],
+                    Mode::HttpConnect => &[b"http/1.1"],
+                };
+                Some(
+                    tls::server_config(&files, &policy, alpn)
+                        .map_err(SnapshotError::FrontendTls)?,
+                )
+            }
+            (FrontendAddr::Tcp(_), _, _) => {
+                return Err(SnapshotError::FrontendTls(TlsError::Missing(
+                    "a TCP frontend (--server-cert, --server-key)",
+                )))
+            }
+            _ => None,
+        };
+        Ok(Snapshot {
+            config: Arc::new(config),
+            agent_tls,
+            frontend_tls,
+        })
+    }
+
+    /// The limits a new tunnel's queue toward its frontend gets.
+    pub fn queue_limits(&self) -> QueueLimits {
+        QueueLimits {
+            packets: self.config.frontend_write_channel_size,
+            bytes: self.config.frontend_queue_limit_bytes,
+            hard_bytes: self.config.frontend_queue_limit_bytes.saturating_mul(4),
+            stall: self.config.frontend_queue_stall_timeout,
+        }
+    }
+}
+
+/// State shared by every task of one server.
+pub struct Shared {
+    snapshot: ArcSwap<Snapshot>,
+    pub registry: Registry,
+    pub metrics: Arc<Metrics>,
+    draining: AtomicBool,
+    /// Cancelled when the drain is over: every stream is then closed.
+    pub hard_stop: CancellationToken,
+    /// Every stream's task, so shutdown can wait for them.
+    pub tasks: TaskTracker,
+    /// One token per tunnel that holds a dial or a connection at an agent: the drain waits on
+    /// this tracker, so it ends the moment the last tunnel is released.
+    tunnels: TaskTracker,
+    /// Set when agents authenticate with tokens.
+    pub authenticator: Option<TokenAuthenticator>,
+}
+
+impl Shared {
+    pub fn new(
+        snapshot: Snapshot,
+        metrics: Arc<Metrics>,
+        authenticator: Option<TokenAuthenticator>,
+    ) -> Shared {
+        Shared {
+            registry: Registry::new(&snapshot.config.proxy_strategies, metrics.clone()),
+            snapshot: ArcSwap::from_pointee(snapshot),
+            metrics,
+            draining: AtomicBool::new(false),
+            hard_stop: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            tunnels: TaskTracker::new(),
+            authenticator,
+        }
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// Makes a new snapshot current: new handshakes and dials use it; live streams keep theirs.
+    pub fn apply(&self, snapshot: Snapshot) {
+        self.registry
+            .set_strategies(&snapshot.config.proxy_strategies);
+        self.snapshot.store(Arc::new(snapshot));
+    }
+
+    /// (agents, tunnels) right now, for status lines.
+    pub fn counts(&self) -> (usize, i64) {
+        (
+            self.registry.agents().len(),
+            self.metrics.established_connections.get(),
+        )
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    pub fn is_ready(&self) -> bool {
+        !self.is_draining() && self.registry.ready()
+    }
+
+    /// Marks a tunnel live for the drain until the token drops.
+    pub fn tunnel_token(&self) -> TaskTrackerToken {
+        self.tunnels.token()
+    }
+
+    /// Refuses new agents and dials from now on.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.tunnels.close();
+    }
+
+    /// Returns once no tunnel holds a dial or a connection (after [`Shared::start_draining`]).
+    pub async fn tunnels_released(&self) {
+        self.tunnels.wait().await;
+    }
+}
