@@ -102,21 +102,32 @@ impl AgentService for AgentServer {
             shared.metrics.clone(),
         ));
         tracing::info!(agent_id = %session.agent_id, identifiers = ?session.identifiers, "agent connected");
+        let ending = Arc::new(std::sync::Mutex::new(None::<Status>));
         shared.registry.add(&session);
         shared
             .metrics
             .grpc_connections
             .with_label_values(&["Connect"])
             .inc();
-        shared
-            .tasks
-            .spawn(serve_agent(shared.clone(), session, request.into_inner()));
+        shared.tasks.spawn(serve_agent(
+            shared.clone(),
+            session,
+            request.into_inner(),
+            ending.clone(),
+        ));
 
         // The stream ends when the session is retired, so the agent sees a clean end of
-        // stream and reconnects.
+        // stream and reconnects; or, when the agent broke the stream, with the error status.
         let outbound = ReceiverStream::new(outbound_rx)
             .take_until(retired.cancelled_owned())
-            .map(Ok);
+            .map(Ok)
+            .chain(futures_util::stream::iter(std::iter::from_fn(move || {
+                ending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .map(Err)
+            })));
         let mut response = Response::new(Box::pin(outbound) as ConnectStream);
         // Sent as response headers before any packet: the agent waits for them.
         response.metadata_mut().insert("serverid", server_id);
@@ -125,10 +136,25 @@ impl AgentService for AgentServer {
     }
 }
 
+/// The status a stream that the agent broke ends with, as grpc-go ends it: INTERNAL for a
+/// message that does not decode, RESOURCE_EXHAUSTED for one over the size limit. `None` for
+/// an agent that went away (nobody is left to tell).
+fn broken_stream_status(status: &Status) -> Option<Status> {
+    match status.code() {
+        tonic::Code::Internal => Some(Status::internal(status.message())),
+        // tonic says OUT_OF_RANGE for a message over the limit; grpc-go, RESOURCE_EXHAUSTED.
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+            Some(Status::resource_exhausted(status.message()))
+        }
+        _ => None,
+    }
+}
+
 async fn serve_agent(
     shared: Arc<Shared>,
     session: Arc<AgentSession>,
     mut inbound: Streaming<Packet>,
+    ending: Arc<std::sync::Mutex<Option<Status>>>,
 ) {
     let metrics = &shared.metrics;
     loop {
@@ -136,11 +162,12 @@ async fn serve_agent(
             biased;
             _ = session.retired.cancelled() => break,
             message = inbound.message() => match message {
-                Ok(Some(packet)) => route_from_agent(&session, metrics, packet).await,
+                Ok(Some(packet)) => route_from_agent(&session, &shared.registry, metrics, packet).await,
                 Ok(None) => break,
                 Err(status) => {
                     metrics.stream_error(Segment::FromAgent, status.code(), "Unknown");
                     tracing::info!(agent_id = %session.agent_id, error = %status.message(), "agent stream ended with an error");
+                    *ending.lock().unwrap_or_else(|p| p.into_inner()) = broken_stream_status(&status);
                     break;
                 }
             }

@@ -5,7 +5,9 @@
 //! product: this library exists so the binary stays thin and the integration tests can run
 //! servers in-process on listeners they bound themselves. ARCHITECTURE.md maps the modules.
 
-// Bottom of the stack: the wire contract and the vocabulary built on it, metrics, config.
+// Bottom of the stack: the allocator, the wire contract and the vocabulary built on it,
+// metrics, config.
+mod allocator;
 pub mod config;
 mod metrics;
 pub mod proto;

@@ -17,6 +17,32 @@ const CONNECTION_DURATION_BUCKETS: &[f64] = &[
     1.0, 5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14400.0, 43200.0, 86400.0,
 ];
 
+/// Log lines about peers that break the protocol, server-wide: one a second, bursts of ten.
+/// A peer can send a hundred thousand bad packets a second; the journal must not take each.
+fn violation_log_quota() -> governor::Quota {
+    const BURST: std::num::NonZeroU32 = match std::num::NonZeroU32::new(10) {
+        Some(n) => n,
+        None => panic!("a positive burst"),
+    };
+    governor::Quota::per_second(std::num::NonZeroU32::MIN).allow_burst(BURST)
+}
+
+/// The side of a tunnel that sent something it should not have.
+#[derive(Clone, Copy, Debug)]
+pub enum Peer {
+    Agent,
+    Frontend,
+}
+
+impl Peer {
+    fn label(self) -> &'static str {
+        match self {
+            Peer::Agent => "agent",
+            Peer::Frontend => "frontend",
+        }
+    }
+}
+
 /// Why a dial failed: the `reason` label of `dial_failure_count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DialFailure {
@@ -83,6 +109,17 @@ pub struct Metrics {
     stream_errors: IntCounterVec,
     /// Beyond upstream: tunnels closed because their frontend could not keep up.
     pub frontend_queue_overflows: prometheus::IntCounter,
+    /// Beyond upstream: DATA bytes queued toward all frontends (the budget's use).
+    pub frontend_queued_bytes: IntGauge,
+    /// Beyond upstream: tunnels closed to keep the server within its queue budget.
+    pub frontend_queue_budget_closes: prometheus::IntCounter,
+    /// Beyond upstream: protocol violations by peers, whose log lines are rate limited.
+    pub peer_violations: IntCounterVec,
+    /// Beyond upstream: the allocator's view of memory, read at each scrape.
+    allocator_bytes: [IntGauge; 3],
+    /// Server-wide allowance for log lines about peer violations, and how many it withheld.
+    violation_log: governor::DefaultDirectRateLimiter,
+    violations_unlogged: std::sync::atomic::AtomicU64,
     /// Beyond upstream: payload bytes relayed, by direction.
     relayed_bytes: IntCounterVec,
     /// Series handles resolved once: the label lookup (a hash and a lock) is kept off the
@@ -192,6 +229,26 @@ impl Metrics {
                 "frontend_queue_overflows_total",
                 "Tunnels closed because their frontend did not drain its queue within the byte or time limit.",
             )).expect("a valid metric definition"),
+            frontend_queued_bytes: IntGauge::with_opts(opts(
+                "frontend_queued_bytes",
+                "DATA bytes queued toward frontends, counted against --frontend-queue-budget-bytes.",
+            )).expect("a valid metric definition"),
+            frontend_queue_budget_closes: prometheus::IntCounter::with_opts(opts(
+                "frontend_queue_budget_closes_total",
+                "Tunnels whose frontend was not reading, closed because the server's frontend queue budget was exhausted.",
+            )).expect("a valid metric definition"),
+            peer_violations: IntCounterVec::new(
+                opts("peer_violations_total", "Packets that broke the protocol, by peer side and kind; their log lines are rate limited."),
+                &["peer", "kind"],
+            ).expect("a valid metric definition"),
+            allocator_bytes: [
+                ("allocator_allocated_bytes", "Bytes the memory allocator has handed out."),
+                ("allocator_active_bytes", "Bytes in the memory allocator's pages that hold allocations."),
+                ("allocator_resident_bytes", "Bytes the memory allocator holds resident in memory."),
+            ]
+            .map(|(name, help)| IntGauge::with_opts(opts(name, help)).expect("a valid metric definition")),
+            violation_log: governor::RateLimiter::direct(violation_log_quota()),
+            violations_unlogged: std::sync::atomic::AtomicU64::new(0),
             relayed_bytes: IntCounterVec::new(
                 opts("relayed_bytes_total", "Payload bytes relayed between frontends and agents, by direction."),
                 &["direction"],
@@ -273,6 +330,12 @@ impl Metrics {
             Box::new(self.stream_errors.clone()),
             Box::new(self.frontend_queue_overflows.clone()),
             Box::new(self.relayed_bytes.clone()),
+            Box::new(self.frontend_queued_bytes.clone()),
+            Box::new(self.frontend_queue_budget_closes.clone()),
+            Box::new(self.peer_violations.clone()),
+            Box::new(self.allocator_bytes[0].clone()),
+            Box::new(self.allocator_bytes[1].clone()),
+            Box::new(self.allocator_bytes[2].clone()),
             Box::new(self.culled_leases_count.clone()),
             Box::new(self.lease_delete_latency.clone()),
             Box::new(self.lease_delete_total.clone()),
@@ -287,6 +350,21 @@ impl Metrics {
         ];
         for c in collectors {
             r.register(c).expect("metric names are unique");
+        }
+    }
+
+    /// Counts a protocol violation by a peer. Returns `Some(n)` when it may be logged, `n`
+    /// being the violations left unlogged since the last line; `None` when it must not be.
+    pub fn peer_violation(&self, peer: Peer, kind: &'static str) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        self.peer_violations
+            .with_label_values(&[peer.label(), kind])
+            .inc();
+        if self.violation_log.check().is_ok() {
+            Some(self.violations_unlogged.swap(0, Ordering::AcqRel))
+        } else {
+            self.violations_unlogged.fetch_add(1, Ordering::AcqRel);
+            None
         }
     }
 
@@ -371,6 +449,12 @@ impl Metrics {
 
     /// The classic Prometheus text exposition of every family.
     pub fn render(&self) -> String {
+        if let Some(stats) = crate::allocator::stats() {
+            let values = [stats.allocated, stats.active, stats.resident];
+            for (gauge, value) in self.allocator_bytes.iter().zip(values) {
+                gauge.set(value as i64);
+            }
+        }
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

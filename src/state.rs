@@ -14,7 +14,7 @@ use crate::config::{Config, FrontendAddr, Mode};
 use crate::kubernetes::auth::TokenAuthenticator;
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsFiles, TlsPolicy};
-use crate::tunnel::QueueLimits;
+use crate::tunnel::{FrontendLink, FrontendQueue, QueueBudget, QueueLimits};
 
 /// Why a configuration could not become a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +102,8 @@ pub struct Shared {
     snapshot: ArcSwap<Snapshot>,
     pub registry: Registry,
     pub metrics: Arc<Metrics>,
+    /// Every tunnel's queue toward its frontend counts against this one budget.
+    pub budget: Arc<QueueBudget>,
     draining: AtomicBool,
     /// Cancelled when the drain is over: every stream is then closed.
     pub hard_stop: CancellationToken,
@@ -122,6 +124,9 @@ impl Shared {
     ) -> Shared {
         Shared {
             registry: Registry::new(&snapshot.config.proxy_strategies, metrics.clone()),
+            budget: Arc::new(QueueBudget::new(
+                snapshot.config.frontend_queue_budget_bytes,
+            )),
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
             draining: AtomicBool::new(false),
@@ -140,7 +145,15 @@ impl Shared {
     pub fn apply(&self, snapshot: Snapshot) {
         self.registry
             .set_strategies(&snapshot.config.proxy_strategies);
+        self.budget
+            .set_limit(snapshot.config.frontend_queue_budget_bytes);
         self.snapshot.store(Arc::new(snapshot));
+    }
+
+    /// A new tunnel's queue toward its frontend, under the current limits and the budget.
+    pub fn tunnel_queue(&self) -> (Arc<FrontendLink>, FrontendQueue) {
+        let limits = self.snapshot().queue_limits();
+        FrontendLink::new(limits, self.budget.clone(), self.metrics.clone())
     }
 
     /// (agents, tunnels) right now, for status lines.

@@ -1,17 +1,21 @@
 //! One tunnel's queue toward its frontend: the [`FrontendLink`] an agent session delivers
-//! into and the [`FrontendQueue`] the frontend drains.
+//! into and the [`FrontendQueue`] the frontend drains, and the server-wide [`QueueBudget`]
+//! that all of them share.
 //!
 //! The agent's receive loop never waits on a frontend that has stopped reading: each frontend
 //! has its own queue, capped in bytes, and a tunnel whose frontend stops draining is closed
-//! instead of stalling every other tunnel on the agent.
+//! instead of stalling every other tunnel on the agent. Closing such a tunnel also empties its
+//! queue at once ([`FrontendLink::abort`]): a client that never reads again must not keep what
+//! was queued for it alive.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use futures_util::task::AtomicWaker;
 
 use crate::metrics::{Metrics, Segment};
 use crate::proto::Packet;
@@ -44,8 +48,94 @@ pub struct QueueLimits {
     pub stall: Duration,
 }
 
+/// The bytes queued toward all frontends of one server, and their ceiling
+/// (--frontend-queue-budget-bytes, reloadable). The queues count themselves in here; the agent
+/// dispatch enforces the ceiling (see `backend::dispatch::enforce_budget`).
+pub struct QueueBudget {
+    limit: AtomicUsize,
+    used: AtomicUsize,
+    /// Queues holding at least one byte: the budget's fair share is split among them.
+    holders: AtomicUsize,
+    /// The same queues by link uid, so the budget can find one whose tunnel is already closed
+    /// at its agent but whose frontend never read what was queued.
+    holding: Mutex<std::collections::HashMap<u64, std::sync::Weak<QueueState>>>,
+}
+
+impl QueueBudget {
+    pub fn new(limit: usize) -> QueueBudget {
+        QueueBudget {
+            limit: AtomicUsize::new(limit),
+            used: AtomicUsize::new(0),
+            holders: AtomicUsize::new(0),
+            holding: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    fn holding(
+        &self,
+    ) -> MutexGuard<'_, std::collections::HashMap<u64, std::sync::Weak<QueueState>>> {
+        // Single inserts and removes only: a poisoned lock is still consistent.
+        self.holding.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Empties the queue that holds the most bytes among those whose frontend is not reading
+    /// (see [`FrontendLink::abort`]). Returns the bytes freed, or `None` if every queue that
+    /// holds anything belongs to a reader.
+    pub fn abort_largest_idle(&self) -> Option<usize> {
+        let victim = self
+            .holding()
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .filter(|q| q.since_progress() >= PROGRESS_WINDOW)
+            .max_by_key(|q| q.bytes.load(Ordering::Acquire))?;
+        victim.aborted.cancel();
+        Some(victim.purge_data())
+    }
+
+    /// A reload changes the ceiling; queues keep what they hold.
+    pub fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Release);
+    }
+
+    pub fn limit(&self) -> usize {
+        self.limit.load(Ordering::Acquire)
+    }
+
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    pub fn is_over(&self) -> bool {
+        self.used() > self.limit()
+    }
+
+    /// What one queue may hold while the budget is exceeded: the budget split evenly among
+    /// the queues that hold anything.
+    fn fair_share(&self) -> usize {
+        self.limit() / self.holders.load(Ordering::Acquire).max(1)
+    }
+}
+
+/// The queued packets themselves, and who is still there at either end.
+#[derive(Default)]
+struct Slots {
+    packets: VecDeque<Packet>,
+    /// The frontend dropped its end: nothing more is queued.
+    receiver_gone: bool,
+    /// Every sender dropped: the queue ends once drained.
+    senders_gone: bool,
+}
+
 /// Queue accounting shared by a link and its queue.
 struct QueueState {
+    /// The link's uid.
+    uid: u64,
+    slots: Mutex<Slots>,
+    /// Cancelled when the tunnel is closed from our side (overflow, stall, budget), so a
+    /// frontend writer blocked on a client that does not read can give up too.
+    aborted: tokio_util::sync::CancellationToken,
+    /// Wakes the frontend when a packet arrives or the queue ends.
+    waker: AtomicWaker,
     packets: AtomicUsize,
     bytes: AtomicUsize,
     /// Milliseconds since `epoch` (plus one) when the queue last became full or last made
@@ -57,6 +147,7 @@ struct QueueState {
     room: tokio::sync::Notify,
     epoch: Instant,
     limits: QueueLimits,
+    budget: Arc<QueueBudget>,
     metrics: Arc<Metrics>,
 }
 
@@ -64,6 +155,12 @@ struct QueueState {
 const PROGRESS_WINDOW: Duration = Duration::from_millis(250);
 
 impl QueueState {
+    fn slots(&self) -> MutexGuard<'_, Slots> {
+        // Every update under this lock is a single push, pop or clear: a panic elsewhere
+        // cannot leave it half-done, so a poisoned lock is still consistent.
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn since_progress(&self) -> Duration {
         Duration::from_millis(
             self.now()
@@ -89,6 +186,12 @@ impl QueueState {
         }
     }
 
+    fn clear_full(&self) {
+        if self.full_since.swap(0, Ordering::AcqRel) != 0 {
+            self.metrics.full_frontend_write_queues.dec();
+        }
+    }
+
     fn stalled_for(&self) -> Option<Duration> {
         match self.full_since.load(Ordering::Acquire) {
             0 => None,
@@ -96,17 +199,43 @@ impl QueueState {
         }
     }
 
+    /// Counts `bytes` in (a packet queued): this queue's, the budget's and the gauge.
+    fn add_bytes(self: &Arc<Self>, bytes: usize) -> usize {
+        let before = self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if bytes > 0 {
+            if before == 0 {
+                self.budget.holders.fetch_add(1, Ordering::AcqRel);
+                self.budget.holding().insert(self.uid, Arc::downgrade(self));
+            }
+            self.budget.used.fetch_add(bytes, Ordering::AcqRel);
+            self.metrics.frontend_queued_bytes.add(bytes as i64);
+        }
+        before + bytes
+    }
+
+    /// Counts `bytes` out (a packet taken, dropped or purged).
+    fn sub_bytes(&self, bytes: usize) {
+        if bytes == 0 {
+            return;
+        }
+        let before = self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        if before == bytes {
+            self.budget.holders.fetch_sub(1, Ordering::AcqRel);
+            self.budget.holding().remove(&self.uid);
+        }
+        self.budget.used.fetch_sub(bytes, Ordering::AcqRel);
+        self.metrics.frontend_queued_bytes.sub(bytes as i64);
+    }
+
     /// The frontend took a packet: a queue back within its length is no longer full, and a
     /// full one has made progress, which restarts its stall clock.
     fn took(&self, bytes: usize) {
         let left = self.packets.fetch_sub(1, Ordering::AcqRel) - 1;
-        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        self.sub_bytes(bytes);
         self.last_progress.store(self.now(), Ordering::Release);
         self.room.notify_waiters();
         if left <= self.limits.packets {
-            if self.full_since.swap(0, Ordering::AcqRel) != 0 {
-                self.metrics.full_frontend_write_queues.dec();
-            }
+            self.clear_full();
         } else {
             let now = self.now();
             let _ = self
@@ -116,10 +245,34 @@ impl QueueState {
                 });
         }
     }
+
+    /// Drops every queued DATA packet (keeping control packets, so a close still reaches the
+    /// frontend) and gives their bytes back. Returns the bytes dropped.
+    fn purge_data(&self) -> usize {
+        let dropped: Vec<Packet> = {
+            let mut slots = self.slots();
+            let (data, control): (VecDeque<Packet>, VecDeque<Packet>) =
+                std::mem::take(&mut slots.packets)
+                    .into_iter()
+                    .partition(|p| data_len(p) > 0);
+            slots.packets = control;
+            data.into_iter().collect()
+        };
+        let bytes: usize = dropped.iter().map(data_len).sum();
+        self.packets.fetch_sub(dropped.len(), Ordering::AcqRel);
+        self.sub_bytes(bytes);
+        if self.packets.load(Ordering::Acquire) <= self.limits.packets {
+            self.clear_full();
+        }
+        self.room.notify_waiters();
+        bytes
+    }
 }
 
 impl Drop for QueueState {
     fn drop(&mut self) {
+        let left: usize = self.slots().packets.iter().map(data_len).sum();
+        self.sub_bytes(left);
         if *self.full_since.get_mut() != 0 {
             self.metrics.full_frontend_write_queues.dec();
         }
@@ -129,18 +282,24 @@ impl Drop for QueueState {
 /// The sending side of one frontend stream (one tunnel).
 pub struct FrontendLink {
     pub uid: u64,
-    tx: mpsc::UnboundedSender<Packet>,
     state: Arc<QueueState>,
     /// The agent's connect id once established; 0 before. Written under the owning agent
     /// session's route lock, so cleanup and establishment agree on it.
     connect_id: AtomicI64,
-    metrics: Arc<Metrics>,
 }
 
 impl FrontendLink {
-    pub fn new(limits: QueueLimits, metrics: Arc<Metrics>) -> (Arc<FrontendLink>, FrontendQueue) {
-        let (tx, rx) = mpsc::unbounded_channel();
+    pub fn new(
+        limits: QueueLimits,
+        budget: Arc<QueueBudget>,
+        metrics: Arc<Metrics>,
+    ) -> (Arc<FrontendLink>, FrontendQueue) {
+        let uid = NEXT_LINK_UID.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(QueueState {
+            uid,
+            slots: Mutex::new(Slots::default()),
+            aborted: tokio_util::sync::CancellationToken::new(),
+            waker: AtomicWaker::new(),
             packets: AtomicUsize::new(0),
             bytes: AtomicUsize::new(0),
             full_since: AtomicU64::new(0),
@@ -148,16 +307,15 @@ impl FrontendLink {
             room: tokio::sync::Notify::new(),
             epoch: Instant::now(),
             limits,
-            metrics: metrics.clone(),
+            budget,
+            metrics,
         });
         let link = Arc::new(FrontendLink {
-            uid: NEXT_LINK_UID.fetch_add(1, Ordering::Relaxed),
-            tx,
+            uid,
             state: state.clone(),
             connect_id: AtomicI64::new(0),
-            metrics: metrics.clone(),
         });
-        let queue = FrontendQueue { rx, state, metrics };
+        let queue = FrontendQueue { state };
         (link, queue)
     }
 
@@ -169,6 +327,21 @@ impl FrontendLink {
         self.connect_id.store(connect_id, Ordering::Release);
     }
 
+    /// The server-wide budget this queue counts against.
+    pub fn budget(&self) -> &QueueBudget {
+        &self.state.budget
+    }
+
+    /// Bytes of DATA queued toward the frontend right now.
+    pub fn queued_bytes(&self) -> usize {
+        self.state.bytes.load(Ordering::Acquire)
+    }
+
+    /// Whether the frontend took anything within the last moment: a reader, slow or fast.
+    pub fn is_reading(&self) -> bool {
+        self.state.since_progress() < PROGRESS_WINDOW
+    }
+
     /// Whether this tunnel's full queue has gone longer than its stall limit without progress.
     pub fn is_stalled(&self) -> bool {
         self.state
@@ -176,13 +349,24 @@ impl FrontendLink {
             .is_some_and(|d| d > self.state.limits.stall)
     }
 
-    /// Waits while this tunnel's queue is past its byte limit and its frontend is still
+    /// The bytes past which the agent waits for this (reading) frontend: its own limit, or
+    /// its fair share of the server's budget while the budget is exceeded.
+    fn hold_threshold(&self) -> usize {
+        let state = &self.state;
+        if state.budget.is_over() {
+            state.limits.bytes.min(state.budget.fair_share())
+        } else {
+            state.limits.bytes
+        }
+    }
+
+    /// Waits while this tunnel's queue is past its threshold and its frontend is still
     /// reading, so a slow but live reader slows its agent down instead of losing its tunnel (a
     /// `kubectl cp` to a slow client). A frontend that took nothing for a moment is not waited
-    /// for: its tunnel alone queues on, up to the hard cap or the stall timeout.
+    /// for: its tunnel alone queues on, up to the hard cap, the stall timeout or the budget.
     pub async fn make_room(&self) {
         let state = &self.state;
-        if state.bytes.load(Ordering::Acquire) <= state.limits.bytes {
+        if state.bytes.load(Ordering::Acquire) <= self.hold_threshold() {
             return;
         }
         state.metrics.blocked_frontend_write_channels.inc();
@@ -191,9 +375,9 @@ impl FrontendLink {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let since = state.since_progress();
-            if state.bytes.load(Ordering::Acquire) <= state.limits.bytes
+            if state.bytes.load(Ordering::Acquire) <= self.hold_threshold()
                 || since >= PROGRESS_WINDOW
-                || self.tx.is_closed()
+                || self.is_closed()
             {
                 break;
             }
@@ -211,57 +395,104 @@ impl FrontendLink {
         let started = Instant::now();
         let bytes = data_len(&packet);
         let state = &self.state;
+        let mut slots = state.slots();
+        if slots.receiver_gone {
+            return Delivery::Gone;
+        }
+        if bytes > 0 && state.aborted.is_cancelled() {
+            // Closed from our side: nothing more is queued for this frontend.
+            return Delivery::Overflow;
+        }
         let packets = state.packets.fetch_add(1, Ordering::AcqRel) + 1;
-        let queued = state.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        let queued = state.bytes.load(Ordering::Acquire) + bytes;
         if bytes > 0 && packets > state.limits.packets {
             state.mark_full();
             if queued > state.limits.hard_bytes || self.is_stalled() {
                 state.packets.fetch_sub(1, Ordering::AcqRel);
-                state.bytes.fetch_sub(bytes, Ordering::AcqRel);
                 return Delivery::Overflow;
             }
         }
-        match self.tx.send(packet) {
-            Ok(()) => {
-                self.metrics
-                    .frontend_write_duration
-                    .observe(started.elapsed().as_secs_f64());
-                if bytes > 0 {
-                    self.metrics.relayed(false, bytes);
-                }
-                Delivery::Queued
-            }
-            Err(_) => {
-                state.packets.fetch_sub(1, Ordering::AcqRel);
-                state.bytes.fetch_sub(bytes, Ordering::AcqRel);
-                Delivery::Gone
-            }
+        state.add_bytes(bytes);
+        slots.packets.push_back(packet);
+        drop(slots);
+        state.waker.wake();
+        state
+            .metrics
+            .frontend_write_duration
+            .observe(started.elapsed().as_secs_f64());
+        if bytes > 0 {
+            state.metrics.relayed(false, bytes);
         }
+        Delivery::Queued
     }
 
+    /// Closes the tunnel from our side: every queued DATA packet is dropped at once (the
+    /// frontend may never read again), control packets stay, and a writer waiting on the
+    /// frontend is told. Returns the bytes dropped.
+    pub fn abort(&self) -> usize {
+        self.state.aborted.cancel();
+        self.state.purge_data()
+    }
+
+    /// Resolves once the tunnel was closed from our side ([`FrontendLink::abort`], or the
+    /// budget's [`QueueBudget::abort_largest_idle`]).
+    pub async fn aborted(&self) {
+        self.state.aborted.cancelled().await
+    }
+
+    /// The frontend dropped its end of the queue.
     pub fn is_closed(&self) -> bool {
-        self.tx.is_closed()
+        self.state.slots().receiver_gone
+    }
+}
+
+impl Drop for FrontendLink {
+    fn drop(&mut self) {
+        // Only the last sender ends the queue; the route tables and the frontend task each
+        // hold the link through one `Arc`, so this runs once.
+        self.state.slots().senders_gone = true;
+        self.state.waker.wake();
     }
 }
 
 /// The receiving side of a frontend's queue: the gRPC response stream, or the writer of an
 /// HTTP-CONNECT socket.
 pub struct FrontendQueue {
-    rx: mpsc::UnboundedReceiver<Packet>,
     state: Arc<QueueState>,
-    metrics: Arc<Metrics>,
 }
 
 impl FrontendQueue {
     fn account(&self, packet: &Packet) {
         self.state.took(data_len(packet));
-        self.metrics.packet(Segment::ToClient, packet.r#type);
+        self.state.metrics.packet(Segment::ToClient, packet.r#type);
+    }
+
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Packet>> {
+        // Register first, then look: a packet queued in between still wakes us.
+        self.state.waker.register(cx.waker());
+        let mut slots = self.state.slots();
+        match slots.packets.pop_front() {
+            Some(packet) => {
+                drop(slots);
+                self.account(&packet);
+                Poll::Ready(Some(packet))
+            }
+            None if slots.senders_gone => Poll::Ready(None),
+            None => Poll::Pending,
+        }
     }
 
     pub async fn recv(&mut self) -> Option<Packet> {
-        let packet = self.rx.recv().await?;
-        self.account(&packet);
-        Some(packet)
+        std::future::poll_fn(|cx| self.poll_recv(cx)).await
+    }
+}
+
+impl Drop for FrontendQueue {
+    fn drop(&mut self) {
+        // The frontend is gone: free what was queued for it now, not when the last sender
+        // (a route-table entry) lets go.
+        self.state.slots().receiver_gone = true;
+        self.state.purge_data();
     }
 }
 
@@ -269,14 +500,7 @@ impl futures_util::Stream for FrontendQueue {
     type Item = Result<Packet, tonic::Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(packet)) => {
-                self.account(&packet);
-                Poll::Ready(Some(Ok(packet)))
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
+        self.poll_recv(cx).map(|p| p.map(Ok))
     }
 }
 
@@ -284,6 +508,10 @@ impl futures_util::Stream for FrontendQueue {
 mod tests {
     use super::*;
     use crate::wire::close_response;
+
+    fn unlimited() -> Arc<QueueBudget> {
+        Arc::new(QueueBudget::new(usize::MAX))
+    }
 
     fn data(len: usize) -> Packet {
         crate::wire::data(1, vec![0u8; len])
@@ -303,7 +531,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let mut limits = limits(0, 100, Duration::from_secs(60));
         limits.hard_bytes = 1000;
-        let (link, mut queue) = FrontendLink::new(limits, metrics.clone());
+        let (link, mut queue) = FrontendLink::new(limits, unlimited(), metrics.clone());
         for _ in 0..3 {
             assert_eq!(link.deliver(data(60)), Delivery::Queued);
         }
@@ -331,7 +559,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let mut limits = limits(0, 100, Duration::from_secs(60));
         limits.hard_bytes = 1000;
-        let (link, _queue) = FrontendLink::new(limits, metrics.clone());
+        let (link, _queue) = FrontendLink::new(limits, unlimited(), metrics.clone());
         for _ in 0..3 {
             assert_eq!(
                 link.deliver(data(60)),
@@ -356,8 +584,11 @@ mod tests {
     #[test]
     fn a_queue_within_its_length_is_never_full() {
         let metrics = Arc::new(Metrics::new());
-        let (link, _queue) =
-            FrontendLink::new(limits(3, 10, Duration::from_secs(60)), metrics.clone());
+        let (link, _queue) = FrontendLink::new(
+            limits(3, 10, Duration::from_secs(60)),
+            unlimited(),
+            metrics.clone(),
+        );
         for _ in 0..3 {
             assert_eq!(
                 link.deliver(data(100)),
@@ -371,8 +602,11 @@ mod tests {
     #[test]
     fn a_full_queue_overflows_past_its_byte_limit_and_recovers_when_drained() {
         let metrics = Arc::new(Metrics::new());
-        let (link, mut queue) =
-            FrontendLink::new(limits(1, 250, Duration::from_secs(60)), metrics.clone());
+        let (link, mut queue) = FrontendLink::new(
+            limits(1, 250, Duration::from_secs(60)),
+            unlimited(),
+            metrics.clone(),
+        );
         assert_eq!(link.deliver(data(100)), Delivery::Queued);
         assert_eq!(link.deliver(data(100)), Delivery::Queued);
         assert_eq!(metrics.full_frontend_write_queues.get(), 1);
@@ -398,7 +632,11 @@ mod tests {
     #[test]
     fn a_full_queue_without_progress_is_stalled() {
         let metrics = Arc::new(Metrics::new());
-        let (link, queue) = FrontendLink::new(limits(0, 1 << 20, Duration::ZERO), metrics.clone());
+        let (link, queue) = FrontendLink::new(
+            limits(0, 1 << 20, Duration::ZERO),
+            unlimited(),
+            metrics.clone(),
+        );
         assert_eq!(link.deliver(data(10)), Delivery::Queued);
         std::thread::sleep(Duration::from_millis(5));
         assert!(link.is_stalled());
@@ -410,5 +648,87 @@ mod tests {
             0,
             "the gauge returns to zero"
         );
+    }
+
+    #[test]
+    fn the_budget_counts_every_queue_and_empties_the_largest_idle_one() {
+        let metrics = Arc::new(Metrics::new());
+        let budget = Arc::new(QueueBudget::new(1000));
+        let wide = limits(0, 1 << 20, Duration::from_secs(60));
+        let (small, _q1) = FrontendLink::new(wide, budget.clone(), metrics.clone());
+        let (large, _q2) = FrontendLink::new(wide, budget.clone(), metrics.clone());
+        assert_eq!(small.deliver(data(300)), Delivery::Queued);
+        assert_eq!(large.deliver(data(500)), Delivery::Queued);
+        assert_eq!(large.deliver(data(500)), Delivery::Queued);
+        assert_eq!(budget.used(), 1300);
+        assert_eq!(metrics.frontend_queued_bytes.get(), 1300);
+        assert!(budget.is_over());
+        assert_eq!(
+            budget.fair_share(),
+            500,
+            "split among the two queues holding bytes"
+        );
+        // Neither frontend has taken anything yet; wait out the progress window.
+        std::thread::sleep(PROGRESS_WINDOW);
+        assert_eq!(
+            budget.abort_largest_idle(),
+            Some(1000),
+            "the larger queue is emptied"
+        );
+        assert_eq!(budget.used(), 300);
+        assert!(!budget.is_over());
+        assert_eq!(large.queued_bytes(), 0);
+        assert_eq!(
+            large.deliver(data(10)),
+            Delivery::Overflow,
+            "nothing more is queued for an aborted tunnel"
+        );
+        assert_eq!(
+            large.deliver(close_response(1, "x")),
+            Delivery::Queued,
+            "control packets still pass"
+        );
+        assert_eq!(small.queued_bytes(), 300, "the other queue keeps its data");
+    }
+
+    #[test]
+    fn a_reading_frontend_is_never_emptied_by_the_budget() {
+        let metrics = Arc::new(Metrics::new());
+        let budget = Arc::new(QueueBudget::new(100));
+        let wide = limits(0, 1 << 20, Duration::from_secs(60));
+        let (link, mut queue) = FrontendLink::new(wide, budget.clone(), metrics.clone());
+        for _ in 0..3 {
+            assert_eq!(link.deliver(data(100)), Delivery::Queued);
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async { queue.recv().await.unwrap() });
+        // However long this thread is descheduled, the frontend counts as having just read.
+        let far = link.state.now() + 3_600_000;
+        link.state.last_progress.store(far, Ordering::Release);
+        assert!(link.is_reading());
+        assert!(budget.is_over());
+        assert_eq!(budget.abort_largest_idle(), None);
+        assert_eq!(link.queued_bytes(), 200);
+    }
+
+    #[test]
+    fn a_frontend_that_goes_away_gives_its_bytes_back_at_once() {
+        let metrics = Arc::new(Metrics::new());
+        let budget = Arc::new(QueueBudget::new(1 << 20));
+        let wide = limits(0, 1 << 20, Duration::from_secs(60));
+        let (link, queue) = FrontendLink::new(wide, budget.clone(), metrics.clone());
+        for _ in 0..4 {
+            assert_eq!(link.deliver(data(1000)), Delivery::Queued);
+        }
+        assert_eq!(budget.used(), 4000);
+        drop(queue);
+        assert_eq!(budget.used(), 0, "freed while the link is still held");
+        assert_eq!(metrics.frontend_queued_bytes.get(), 0);
+        assert_eq!(link.deliver(data(10)), Delivery::Gone);
+        assert!(budget.holding().is_empty());
+        drop(link);
+        assert_eq!(budget.used(), 0);
     }
 }

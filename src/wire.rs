@@ -33,6 +33,10 @@ pub const AGENT_DISCONNECTED_DURING_DIAL: &str =
 pub const DUPLICATE_DIAL_ID: &str = "a dial with this id is already pending";
 /// DIAL_RSP error when an agent answers a dial with a connect id that is still live.
 pub const DUPLICATE_CONNECT_ID: &str = "agent reused a live connection id";
+/// Sent with CLOSE_RSP when the server's queue budget is exhausted and this frontend, not
+/// reading, holds the most unread data.
+pub const FRONTEND_QUEUE_BUDGET: &str =
+    "tunnel closed: the server's queue budget is exhausted and this frontend was not reading";
 /// Sent with CLOSE_RSP when a frontend stops draining its queue.
 pub const FRONTEND_QUEUE_OVERFLOW: &str =
     "tunnel closed: the frontend did not keep up with the data sent to it";

@@ -56,24 +56,14 @@ pub fn cpu_profile(duration: Duration) -> Result<Vec<u8>, ProfileError> {
         .map_err(|e| ProfileError::Failed(e.to_string()))
 }
 
-/// A text view of the system allocator's heap (glibc's mallinfo2).
-#[allow(unsafe_code)] // a documented site: see the SAFETY note
+/// A text view of the allocator's heap (jemalloc's statistics).
 pub fn heap_summary() -> String {
-    // SAFETY: mallinfo2 takes no arguments, only reads the allocator's own counters and
-    // returns a plain struct by value; it has no preconditions.
-    let info = unsafe { libc::mallinfo2() };
+    let stats = crate::allocator::stats().unwrap_or_default();
     format!(
-        "# heap summary from the system allocator (glibc mallinfo2); per-allocation heap \
-         profiles need a profiling allocator and are not built in\n\
-         arena_bytes {}\nmmap_bytes {}\nin_use_bytes {}\nfree_bytes {}\nreleasable_bytes {}\n\
-         free_chunks {}\nmmap_regions {}\n",
-        info.arena,
-        info.hblkhd,
-        info.uordblks,
-        info.fordblks,
-        info.keepcost,
-        info.ordblks,
-        info.hblks
+        "# heap summary from the allocator (jemalloc); per-allocation heap profiles need a \
+         profiling build and are not built in\n\
+         in_use_bytes {}\nactive_bytes {}\nresident_bytes {}\n",
+        stats.allocated, stats.active, stats.resident
     )
 }
 

@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use super::session::{AgentSession, Establish};
 use super::Registry;
-use crate::metrics::{DialFailure, Metrics, Segment};
+use crate::metrics::{DialFailure, Metrics, Peer, Segment};
 use crate::proto::packet::Payload;
 use crate::proto::{DialResponse, Packet, PacketType};
-use crate::tunnel::{Delivery, FrontendLink};
+use crate::tunnel::{Delivery, FrontendLink, QueueBudget};
 use crate::wire::{
     close_request, close_response, dial_response_error, packet_type_name,
-    AGENT_DISCONNECTED_DURING_DIAL, DUPLICATE_CONNECT_ID, FRONTEND_QUEUE_OVERFLOW,
+    AGENT_DISCONNECTED_DURING_DIAL, DUPLICATE_CONNECT_ID, FRONTEND_QUEUE_BUDGET,
+    FRONTEND_QUEUE_OVERFLOW,
 };
 
 /// Sends a control packet to an agent without letting a stuck agent hold up the caller for
@@ -38,7 +39,12 @@ pub async fn close_at_agent(agent: &AgentSession, connect_id: i64) {
 }
 
 /// Dispatches one packet received from an agent.
-pub async fn route_from_agent(agent: &AgentSession, metrics: &Metrics, packet: Packet) {
+pub async fn route_from_agent(
+    agent: &AgentSession,
+    registry: &Registry,
+    metrics: &Metrics,
+    packet: Packet,
+) {
     let kind = PacketType::try_from(packet.r#type);
     metrics.packet(Segment::FromAgent, packet.r#type);
     match (kind, &packet.payload) {
@@ -48,7 +54,7 @@ pub async fn route_from_agent(agent: &AgentSession, metrics: &Metrics, packet: P
         }
         (Ok(PacketType::Data), Some(Payload::Data(data))) => {
             let connect_id = data.connect_id;
-            on_data(agent, metrics, connect_id, packet).await
+            on_data(agent, registry, metrics, connect_id, packet).await
         }
         (Ok(PacketType::CloseRsp), Some(Payload::CloseResponse(rsp))) => {
             match agent.remove_established(rsp.connect_id) {
@@ -75,13 +81,20 @@ pub async fn route_from_agent(agent: &AgentSession, metrics: &Metrics, packet: P
             tracing::info!(agent_id = %agent.agent_id, "agent is draining; new dials will prefer other agents");
             agent.set_draining();
         }
-        (Ok(kind), _) => tracing::warn!(
-            agent_id = %agent.agent_id,
-            packet_type = kind.as_str_name(),
-            "dropping a packet whose type disagrees with its payload or is not expected from an agent"
-        ),
+        (Ok(kind), _) => {
+            if let Some(unlogged) = metrics.peer_violation(Peer::Agent, "unexpected_packet") {
+                tracing::warn!(
+                    agent_id = %agent.agent_id,
+                    packet_type = kind.as_str_name(),
+                    unlogged,
+                    "dropping a packet whose type disagrees with its payload or is not expected from an agent"
+                )
+            }
+        }
         (Err(_), _) => {
-            tracing::warn!(agent_id = %agent.agent_id, packet_type = packet.r#type, "dropping a packet of unknown type")
+            if let Some(unlogged) = metrics.peer_violation(Peer::Agent, "unknown_packet_type") {
+                tracing::warn!(agent_id = %agent.agent_id, packet_type = packet.r#type, unlogged, "dropping a packet of unknown type")
+            }
         }
     }
 }
@@ -134,9 +147,17 @@ async fn reject_unrecognized(agent: &AgentSession, metrics: &Metrics, rsp: &Dial
     }
 }
 
-async fn on_data(agent: &AgentSession, metrics: &Metrics, connect_id: i64, packet: Packet) {
+async fn on_data(
+    agent: &AgentSession,
+    registry: &Registry,
+    metrics: &Metrics,
+    connect_id: i64,
+    mut packet: Packet,
+) {
     if connect_id == 0 {
-        tracing::warn!(agent_id = %agent.agent_id, "dropping DATA with connect id 0");
+        if let Some(unlogged) = metrics.peer_violation(Peer::Agent, "data_without_connect_id") {
+            tracing::warn!(agent_id = %agent.agent_id, unlogged, "dropping DATA with connect id 0");
+        }
         return;
     }
     let Some(link) = agent.tunnel(connect_id) else {
@@ -146,9 +167,19 @@ async fn on_data(agent: &AgentSession, metrics: &Metrics, connect_id: i64, packe
         }
         return;
     };
+    // The payload is a slice of the gRPC decode buffer, which it would keep alive whole while
+    // it waits in the queue (a buffer several times its size): a copy of exactly its length
+    // frees the buffer and makes the queue's byte count what it really holds.
+    if let Some(Payload::Data(data)) = &mut packet.payload {
+        data.data = bytes::Bytes::copy_from_slice(&data.data);
+    }
     link.make_room().await;
     match link.deliver(packet) {
-        Delivery::Queued => {}
+        Delivery::Queued => {
+            if link.budget().is_over() {
+                enforce_budget(registry, metrics, link.budget()).await;
+            }
+        }
         Delivery::Gone => {
             if agent.remove_established(connect_id).is_some() {
                 close_at_agent(agent, connect_id).await;
@@ -158,27 +189,100 @@ async fn on_data(agent: &AgentSession, metrics: &Metrics, connect_id: i64, packe
     }
 }
 
+/// Why a tunnel is closed from our side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backlog {
+    /// Its own queue passed its byte or stall limit.
+    Overflow,
+    /// The server's budget was exhausted and this frontend was not reading.
+    Budget,
+}
+
 /// Closes a tunnel whose frontend fell behind past its limits: CLOSE_REQ to the agent, a
 /// CLOSE_RSP with an error to the frontend (HTTP-CONNECT closes the socket), a counter, and
-/// one log line naming the tunnel.
+/// one log line naming the tunnel. What was queued for it is dropped at once.
 pub async fn close_backlogged(
     agent: &AgentSession,
     metrics: &Metrics,
     connect_id: i64,
     link: &FrontendLink,
 ) {
+    close_behind(agent, metrics, connect_id, link, Backlog::Overflow).await
+}
+
+async fn close_behind(
+    agent: &AgentSession,
+    metrics: &Metrics,
+    connect_id: i64,
+    link: &FrontendLink,
+    why: Backlog,
+) {
     if agent.remove_established(connect_id).is_none() {
         return;
     }
-    metrics.frontend_queue_overflows.inc();
-    tracing::warn!(
-        agent_id = %agent.agent_id,
-        connect_id,
-        frontend = link.uid,
-        "closing tunnel: its frontend stopped reading and its queue passed the byte or stall limit"
-    );
-    link.deliver(close_response(connect_id, FRONTEND_QUEUE_OVERFLOW));
+    let dropped = link.abort();
+    let error = match why {
+        Backlog::Overflow => {
+            metrics.frontend_queue_overflows.inc();
+            tracing::warn!(
+                agent_id = %agent.agent_id,
+                connect_id,
+                frontend = link.uid,
+                dropped,
+                "closing tunnel: its frontend stopped reading and its queue passed the byte or stall limit"
+            );
+            FRONTEND_QUEUE_OVERFLOW
+        }
+        Backlog::Budget => {
+            metrics.frontend_queue_budget_closes.inc();
+            tracing::warn!(
+                agent_id = %agent.agent_id,
+                connect_id,
+                frontend = link.uid,
+                dropped,
+                "closing tunnel: the server's frontend queue budget is exhausted and this frontend, holding the most unread data, is not reading"
+            );
+            FRONTEND_QUEUE_BUDGET
+        }
+    };
+    link.deliver(close_response(connect_id, error));
     close_at_agent(agent, connect_id).await;
+}
+
+/// Brings the bytes queued toward all frontends back within the budget: closes the tunnel
+/// whose frontend is not reading and holds the most unread bytes, then the next, until the
+/// budget holds or only readers are left. Readers are never closed for the budget; they are
+/// held to a fair share of it instead (`FrontendLink::make_room`).
+pub async fn enforce_budget(registry: &Registry, metrics: &Metrics, budget: &QueueBudget) {
+    while budget.is_over() {
+        let victim = registry
+            .agents()
+            .into_iter()
+            .flat_map(|agent| {
+                let links = agent.established_links();
+                links
+                    .into_iter()
+                    .map(move |(id, link)| (agent.clone(), id, link))
+            })
+            .filter(|(_, _, link)| !link.is_reading() && link.queued_bytes() > 0)
+            .max_by_key(|(_, _, link)| link.queued_bytes());
+        let Some((agent, connect_id, link)) = victim else {
+            break;
+        };
+        close_behind(&agent, metrics, connect_id, &link, Backlog::Budget).await;
+    }
+    // Queues whose tunnels were already closed at their agents, but whose frontends never
+    // read what was queued before the close.
+    while budget.is_over() {
+        let Some(dropped) = budget.abort_largest_idle() else {
+            break;
+        };
+        metrics.frontend_queue_budget_closes.inc();
+        tracing::warn!(
+            dropped,
+            "dropping the unread data of a closed tunnel: the server's frontend queue budget is exhausted"
+        );
+    }
 }
 
 /// Closes tunnels whose full queues made no progress for their stall limit, also when no

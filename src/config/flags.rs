@@ -103,6 +103,10 @@ pub struct Options {
     /// anything before the tunnel is closed.
     #[arg(long, default_value = "30s", allow_hyphen_values = true)]
     pub frontend_queue_stall_timeout: GoDuration,
+    /// Beyond upstream: bytes queued toward all frontends together. Past it, the tunnels whose
+    /// frontends are not reading are closed, most bytes first; readers are held to a fair share.
+    #[arg(long, default_value_t = 256 << 20, allow_negative_numbers = true)]
+    pub frontend_queue_budget_bytes: i64,
 
     // --- agents ---
     /// Agent port (always TLS).

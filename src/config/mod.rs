@@ -263,6 +263,12 @@ impl Options {
                 self.frontend_queue_limit_bytes
             ));
         }
+        if self.frontend_queue_budget_bytes < self.frontend_queue_limit_bytes {
+            return fail(format!(
+                "frontend-queue-budget-bytes {} must be at least frontend-queue-limit-bytes ({})",
+                self.frontend_queue_budget_bytes, self.frontend_queue_limit_bytes
+            ));
+        }
         if self.frontend_queue_stall_timeout.0 <= 0 {
             return fail(format!(
                 "frontend-queue-stall-timeout must be > 0, got {}",
@@ -372,6 +378,7 @@ pub struct Config {
     pub frontend_write_channel_size: usize,
     pub frontend_queue_limit_bytes: usize,
     pub frontend_queue_stall_timeout: Duration,
+    pub frontend_queue_budget_bytes: usize,
     pub keepalive_time: Duration,
     pub frontend_keepalive_time: Duration,
     /// None when disabled (0).
@@ -504,6 +511,7 @@ impl Config {
             frontend_write_channel_size: options.frontend_write_channel_size as usize,
             frontend_queue_limit_bytes: options.frontend_queue_limit_bytes as usize,
             frontend_queue_stall_timeout: options.frontend_queue_stall_timeout.to_std(),
+            frontend_queue_budget_bytes: options.frontend_queue_budget_bytes as usize,
             keepalive_time: options.keepalive_time.to_std(),
             frontend_keepalive_time: options.frontend_keepalive_time.to_std(),
             backend_dial_timeout: nonzero(options.backend_dial_timeout),

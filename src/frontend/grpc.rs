@@ -6,7 +6,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::dial::{dial, Dial, DialError, FrontendKind};
 use super::sleep_until_opt;
-use crate::metrics::Segment;
+use crate::metrics::{Peer, Segment};
 use crate::proto::packet::Payload;
 use crate::proto::proxy_service_server::ProxyService;
 use crate::proto::{DialRequest, Packet, PacketType};
@@ -31,8 +31,7 @@ impl ProxyService for ProxyFrontend {
         request: Request<Streaming<Packet>>,
     ) -> Result<Response<FrontendQueue>, Status> {
         let shared = self.shared.clone();
-        let (link, queue) =
-            FrontendLink::new(shared.snapshot().queue_limits(), shared.metrics.clone());
+        let (link, queue) = shared.tunnel_queue();
         let tunnel = GrpcTunnel {
             shared: shared.clone(),
             link,
@@ -85,6 +84,11 @@ impl GrpcTunnel {
         gauge.dec();
     }
 
+    /// Counts a protocol violation by this frontend; `Some` when it may be logged.
+    fn violation(&self, kind: &'static str) -> Option<u64> {
+        self.shared.metrics.peer_violation(Peer::Frontend, kind)
+    }
+
     fn reply(&self, packet: Packet) {
         self.link.deliver(packet);
     }
@@ -106,20 +110,28 @@ impl GrpcTunnel {
             (Ok(PacketType::DialCls), Some(Payload::CloseDial(cls))) => {
                 self.on_dial_close(cls.random)
             }
-            (kind, _) => tracing::warn!(
-                frontend = self.link.uid,
-                packet_type = kind.map(|k| k.as_str_name()).unwrap_or("Unknown"),
-                "ignoring a frontend packet that is unexpected or whose type disagrees with its payload"
-            ),
+            (kind, _) => {
+                if let Some(unlogged) = self.violation("unexpected_packet") {
+                    tracing::warn!(
+                        frontend = self.link.uid,
+                        packet_type = kind.map(|k| k.as_str_name()).unwrap_or("Unknown"),
+                        unlogged,
+                        "ignoring a frontend packet that is unexpected or whose type disagrees with its payload"
+                    )
+                }
+            }
         }
     }
 
     async fn on_dial_request(&mut self, req: DialRequest, packet: Packet) {
         if self.dial.is_some() {
-            tracing::warn!(
-                frontend = self.link.uid,
-                "ignoring a second DIAL_REQ on one stream"
-            );
+            if let Some(unlogged) = self.violation("second_dial_request") {
+                tracing::warn!(
+                    frontend = self.link.uid,
+                    unlogged,
+                    "ignoring a second DIAL_REQ on one stream"
+                );
+            }
             return;
         }
         let kind = FrontendKind::Grpc;
@@ -162,16 +174,25 @@ impl GrpcTunnel {
             return;
         };
         if connect_id == 0 {
-            tracing::warn!(frontend = self.link.uid, "dropping DATA with connect id 0");
+            if let Some(unlogged) = self.violation("data_without_connect_id") {
+                tracing::warn!(
+                    frontend = self.link.uid,
+                    unlogged,
+                    "dropping DATA with connect id 0"
+                );
+            }
             return;
         }
         let own = self.link.connect_id();
         if own == 0 {
-            tracing::warn!(
-                frontend = self.link.uid,
-                connect_id,
-                "dropping DATA sent before the dial completed"
-            );
+            if let Some(unlogged) = self.violation("data_before_dial") {
+                tracing::warn!(
+                    frontend = self.link.uid,
+                    connect_id,
+                    unlogged,
+                    "dropping DATA sent before the dial completed"
+                );
+            }
             return;
         }
         if connect_id != own {
@@ -202,11 +223,14 @@ impl GrpcTunnel {
             return;
         };
         if connect_id != self.link.connect_id() {
-            tracing::warn!(
-                frontend = self.link.uid,
-                connect_id,
-                "CLOSE_REQ for a connection this stream does not own"
-            );
+            if let Some(unlogged) = self.violation("close_for_another_connection") {
+                tracing::warn!(
+                    frontend = self.link.uid,
+                    connect_id,
+                    unlogged,
+                    "CLOSE_REQ for a connection this stream does not own"
+                );
+            }
             self.reply(close_response(connect_id, UNRECOGNIZED_CONNECT_ID));
             return;
         }

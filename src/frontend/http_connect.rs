@@ -185,8 +185,7 @@ where
 {
     // The dial target is the request-target (authority form), not the Host header.
     let address = head.target.clone();
-    let (link, mut queue) =
-        FrontendLink::new(shared.snapshot().queue_limits(), shared.metrics.clone());
+    let (link, mut queue) = shared.tunnel_queue();
     let dial_id = fastrand::i64(0..i64::MAX);
     let request = dial_request(&address, dial_id);
     let kind = FrontendKind::HttpConnect;
@@ -207,9 +206,11 @@ where
     match outcome {
         DialOutcome::Established(connect_id) => {
             if stream.write_all(ESTABLISHED).await.is_ok() {
+                let agent = &dial.agent;
                 pump(
                     shared,
-                    &dial.agent,
+                    agent,
+                    &link,
                     connect_id,
                     &mut queue,
                     stream,
@@ -277,6 +278,7 @@ async fn await_dial<S: AsyncRead + Unpin>(
 async fn pump<S>(
     shared: &Shared,
     agent: &AgentSession,
+    link: &FrontendLink,
     connect_id: i64,
     queue: &mut FrontendQueue,
     stream: S,
@@ -321,6 +323,9 @@ async fn pump<S>(
     tokio::select! {
         _ = to_agent => {}
         _ = to_client => {}
+        // Closed from our side (the client stopped reading): a write that waits on it forever
+        // must not keep the socket.
+        _ = link.aborted() => {}
         _ = shared.hard_stop.cancelled() => {}
     }
     let _ = writer.shutdown().await;
