@@ -453,7 +453,7 @@ fn every_upstream_flag_is_listed_and_accepted() {
             "int" | "uint" | "float32" | "Level" => "5",
             "duration" => "90s",
             "severity" => "2",
-            "traceLocation" => ":0",
+            "traceLocation" => "main.go:10",
             "moduleSpec" => "tunnel=5",
             _ => "x",
         };
@@ -473,4 +473,164 @@ fn every_upstream_flag_is_listed_and_accepted() {
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stderr.contains("deprecated"), "{}", out.stderr);
+}
+
+#[test]
+fn bool_flags_take_every_value_go_parses() {
+    for (value, expected) in [
+        ("1", true),
+        ("t", true),
+        ("T", true),
+        ("TRUE", true),
+        ("true", true),
+        ("True", true),
+        ("0", false),
+        ("f", false),
+        ("F", false),
+        ("FALSE", false),
+        ("false", false),
+        ("False", false),
+    ] {
+        let t = effective(
+            &[
+                "--config=",
+                &format!("--enable-profiling={value}"),
+                &format!("--delete-existing-uds-file={value}"),
+            ],
+            &[],
+        );
+        assert_eq!(t["enable_profiling"].as_bool(), Some(expected), "{value}");
+        assert_eq!(
+            t["delete_existing_uds_file"].as_bool(),
+            Some(expected),
+            "{value}"
+        );
+    }
+    let out = run(&["--config=", "--enable-profiling=yes"], &[]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains(
+            "invalid argument \"yes\" for \"--enable-profiling\" flag: strconv.ParseBool: parsing \"yes\": invalid syntax"
+        ),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn stray_arguments_are_ignored_with_a_warning_naming_them() {
+    // pflag: a bool flag never takes the next argument, so `false` is a positional argument,
+    // which upstream's command ignores; the flag is true.
+    let out = run(
+        &[
+            "--config=",
+            "--write-config-to=-",
+            "--enable-profiling",
+            "false",
+            "stray",
+        ],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let t: toml::Table = out.stdout.parse().unwrap();
+    assert_eq!(t["enable_profiling"].as_bool(), Some(true));
+    let warning = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("\"stray\""))
+        .unwrap_or_else(|| panic!("no warning naming the arguments: {}", out.stderr));
+    assert!(warning.contains("\"false\""), "{warning}");
+    assert!(
+        warning.contains("--enable-profiling=false"),
+        "says how to give the value: {warning}"
+    );
+    // After `--` everything is an argument, as in pflag.
+    let out = run(
+        &["--config=", "--write-config-to=/dev/null", "--", "--mode=x"],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stderr.contains("\"--mode=x\""), "{}", out.stderr);
+}
+
+#[test]
+fn numbers_parse_as_pflag_parses_them() {
+    // pflag's ints are Go's ParseInt(s, 0, 64): base prefixes, a leading 0 is octal.
+    let t = effective(
+        &[
+            "--config=",
+            "--agent-port=0x1F90",
+            "--server-count=1_0",
+            "--v=-1",
+        ],
+        &[],
+    );
+    assert_eq!(t["agent_port"].as_integer(), Some(8080));
+    assert_eq!(t["server_count"].as_integer(), Some(10));
+    assert_eq!(t["v"].as_integer(), Some(0), "klog takes negative levels");
+    let t = effective(&["--config="], &[("KONNECTIVITY_SERVER_V", "-1")]);
+    assert_eq!(t["v"].as_integer(), Some(0));
+    for (arg, message) in [
+        (
+            "--agent-port=abc",
+            "invalid argument \"abc\" for \"--agent-port\" flag: strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "--agent-port=08091",
+            "invalid argument \"08091\" for \"--agent-port\" flag: strconv.ParseInt: parsing \"08091\": invalid syntax",
+        ),
+        (
+            "--v=x",
+            "invalid argument \"x\" for \"-v, --v\" flag: strconv.ParseInt: parsing \"x\": invalid syntax",
+        ),
+        (
+            "--log-file-max-size=-1",
+            "invalid argument \"-1\" for \"--log-file-max-size\" flag: strconv.ParseUint: parsing \"-1\": invalid syntax",
+        ),
+    ] {
+        let out = run(&["--config=", arg], &[]);
+        assert_eq!(out.code, 1, "{arg}");
+        assert!(out.stderr.contains(message), "{arg}: {}", out.stderr);
+    }
+}
+
+#[test]
+fn kubernetes_service_links_never_stop_the_start() {
+    // What the kubelet sets for a Service named konnectivity-server-agent (and one named
+    // konnectivity-server) in the pod's namespace.
+    let links = [
+        ("KONNECTIVITY_SERVER_AGENT_PORT", "tcp://10.96.0.6:8091"),
+        (
+            "KONNECTIVITY_SERVER_AGENT_PORT_8091_TCP",
+            "tcp://10.96.0.6:8091",
+        ),
+        ("KONNECTIVITY_SERVER_AGENT_PORT_8091_TCP_PROTO", "tcp"),
+        ("KONNECTIVITY_SERVER_AGENT_PORT_8091_TCP_PORT", "8091"),
+        ("KONNECTIVITY_SERVER_AGENT_PORT_8091_TCP_ADDR", "10.96.0.6"),
+        ("KONNECTIVITY_SERVER_AGENT_SERVICE_HOST", "10.96.0.6"),
+        ("KONNECTIVITY_SERVER_AGENT_SERVICE_PORT", "8091"),
+        ("KONNECTIVITY_SERVER_AGENT_SERVICE_PORT_GRPC", "8091"),
+        ("KONNECTIVITY_SERVER_HEALTH_PORT", "udp://[fd00::10]:8092"),
+        ("KONNECTIVITY_SERVER_PORT", "sctp://10.96.0.7:8090"),
+        ("KONNECTIVITY_SERVER_SERVICE_HOST", "10.96.0.7"),
+        ("KONNECTIVITY_SERVER_SERVICE_PORT", "8090"),
+    ];
+    let out = run(&["--config=", "--write-config-to=-"], &links);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let t: toml::Table = out.stdout.parse().unwrap();
+    assert_eq!(t["agent_port"].as_integer(), Some(8091));
+    assert_eq!(t["health_port"].as_integer(), Some(8092));
+    let warnings: Vec<&str> = out.stderr.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "one warning: {}", out.stderr);
+    assert!(warnings[0].contains("service-link"), "{}", warnings[0]);
+    for (name, _) in links {
+        assert!(warnings[0].contains(name), "{name} named: {}", warnings[0]);
+    }
+    // A real setting next to them still applies, and a bad one is still an error.
+    let mut with_setting = links.to_vec();
+    with_setting.push(("KONNECTIVITY_SERVER_SERVER_COUNT", "3"));
+    let t = effective(&["--config="], &with_setting);
+    assert_eq!(t["server_count"].as_integer(), Some(3));
+    let out = run(&["--config="], &[("KONNECTIVITY_SERVER_AGENT_PORT", "tcp")]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
 }
