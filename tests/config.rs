@@ -634,3 +634,152 @@ fn kubernetes_service_links_never_stop_the_start() {
     let out = run(&["--config="], &[("KONNECTIVITY_SERVER_AGENT_PORT", "tcp")]);
     assert_eq!(out.code, 1, "{}", out.stderr);
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn bind_addresses_may_be_host_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let (agent, health, admin) = (free_port(), free_port(), free_port());
+    let args: Vec<String> = vec![
+        "--config=".into(),
+        format!("--uds-name={}", dir.path().join("s.sock").display()),
+        "--server-port=0".into(),
+        format!("--cluster-cert={}", pki.server_cert.display()),
+        format!("--cluster-key={}", pki.server_key.display()),
+        format!("--agent-port={agent}"),
+        format!("--health-port={health}"),
+        format!("--admin-port={admin}"),
+        "--agent-bind-address=localhost".into(),
+        "--health-bind-address=localhost".into(),
+        "--admin-bind-address=localhost".into(),
+    ];
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("HOME", std::env::temp_dir())
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // As Go's net.Listen does, a name binds its first IPv4 address.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut served = false;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if let Ok(mut sock) = std::net::TcpStream::connect(("127.0.0.1", health)) {
+            use std::io::{Read, Write};
+            sock.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut reply = String::new();
+            let _ = sock.read_to_string(&mut reply);
+            served = reply.starts_with("HTTP/1.1 200");
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let agent_open = std::net::TcpStream::connect(("127.0.0.1", agent)).is_ok();
+    let admin_open = std::net::TcpStream::connect(("127.0.0.1", admin)).is_ok();
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(served, "health on localhost answered: {stderr}");
+    assert!(agent_open && admin_open, "agent and admin bound: {stderr}");
+
+    // The frontend's bind address too (checked by validation, which resolves it).
+    let f = files();
+    let out = run(
+        &[
+            "--config=",
+            &format!("--server-ca-cert={}", f.exists),
+            "--server-bind-address=localhost",
+            "--check-config",
+        ],
+        &[],
+    );
+    assert!(
+        !out.stderr.contains("bind address") && !out.stdout.contains("bind address"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+#[test]
+fn klog_flags_and_lease_labels_are_checked_as_upstream_checks_them() {
+    // Accepted by Go: negative verbosity, severity names in any case, any integer severity.
+    for ok in [
+        "--v=-1",
+        "--stderrthreshold=warning",
+        "--stderrthreshold=99",
+        "--alsologtostderrthreshold=ERROR",
+        "--vmodule=tunnel=5,,server=0",
+        "--log-backtrace-at=main.go:10",
+        "--log-backtrace-at=",
+    ] {
+        let out = run(&["--config=", "--write-config-to=/dev/null", ok], &[]);
+        assert_eq!(out.code, 0, "{ok}: {}", out.stderr);
+    }
+    // Refused by Go, with these words (cobra prints the error, then the usage).
+    for (arg, message) in [
+        (
+            "--stderrthreshold=abc",
+            "invalid argument \"abc\" for \"--stderrthreshold\" flag: strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "--alsologtostderrthreshold=x",
+            "invalid argument \"x\" for \"--alsologtostderrthreshold\" flag: strconv.ParseInt: parsing \"x\": invalid syntax",
+        ),
+        (
+            "--vmodule=bad",
+            "invalid argument \"bad\" for \"--vmodule\" flag: syntax error: expect comma-separated list of filename=N",
+        ),
+        (
+            "--vmodule=a=-1",
+            "invalid argument \"a=-1\" for \"--vmodule\" flag: negative value for vmodule level",
+        ),
+        (
+            "--log-backtrace-at=:0",
+            "invalid argument \":0\" for \"--log-backtrace-at\" flag: syntax error: expect file.go:234",
+        ),
+        (
+            "--log-backtrace-at=main.go:0",
+            "invalid argument \"main.go:0\" for \"--log-backtrace-at\" flag: negative or zero value for level",
+        ),
+        ("--no-such-flag=1", "unknown flag: --no-such-flag"),
+        ("--mode", "flag needs an argument: --mode"),
+    ] {
+        let out = run(&["--config=", "--write-config-to=/dev/null", arg], &[]);
+        assert_eq!(out.code, 1, "{arg}");
+        let mut lines = out.stderr.lines();
+        let first = lines.next().unwrap_or_default();
+        assert!(
+            first.eq_ignore_ascii_case(&format!("error: {message}")),
+            "{arg}: {}",
+            out.stderr
+        );
+        assert_eq!(lines.next(), Some("Usage:"), "{arg}: {}", out.stderr);
+        assert!(out.stderr.contains("--agent-port"), "flags listed");
+        assert!(!out.stderr.contains("For more information"), "no clap footer");
+    }
+    // The lease labels are parsed on every start, lease controller or not.
+    let f = files();
+    let uds = format!("--uds-name={}", f.uds);
+    for (label, message) in [
+        ("--lease-label=", "empty string provided"),
+        ("--lease-label=a", "invalid label format: a"),
+    ] {
+        let out = run(&["--config=", &uds, "--server-port=0", label], &[]);
+        assert_eq!(out.code, 1, "{label}");
+        assert!(out.stderr.contains(message), "{label}: {}", out.stderr);
+    }
+}
