@@ -783,3 +783,62 @@ fn klog_flags_and_lease_labels_are_checked_as_upstream_checks_them() {
         assert!(out.stderr.contains(message), "{label}: {}", out.stderr);
     }
 }
+
+#[test]
+fn tls_options_as_upstream_validates_and_serves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let base = [
+        "--config=".to_string(),
+        format!("--uds-name={}", dir.path().join("s.sock").display()),
+        "--server-port=0".to_string(),
+        format!("--cluster-cert={}", pki.server_cert.display()),
+        format!("--cluster-key={}", pki.server_key.display()),
+    ];
+    let with = |extra: &[&str]| {
+        let mut args: Vec<&str> = base.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
+        run(&args, &[])
+    };
+    // Only TLS 1.3 names: Go starts (and serves TLS 1.3 alone); so do we.
+    let out = with(&[
+        "--cipher-suites=TLS_AES_128_GCM_SHA256,TLS_AES_256_GCM_SHA384",
+        "--check-config",
+    ]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    // Go 1.26 lists the TLS_RSA_* suites as insecure, so upstream refuses them at validation.
+    for suite in [
+        "TLS_RSA_WITH_AES_128_CBC_SHA",
+        "TLS_RSA_WITH_AES_256_CBC_SHA",
+        "TLS_RSA_WITH_AES_128_GCM_SHA256",
+        "TLS_RSA_WITH_AES_256_GCM_SHA384",
+    ] {
+        let out = with(&[&format!(
+            "--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,{suite}"
+        )]);
+        assert_eq!(out.code, 1, "{suite}");
+        assert_eq!(
+            out.stderr,
+            format!("Error: failed to validate server options with cipher suite {suite} not supported, doesn't exist or considered as insecure\n"),
+        );
+    }
+    // TLS 1.0 and 1.1 are accepted with a warning naming the flag (Go warns too, and serves
+    // them; this server's floor is TLS 1.2).
+    for version in ["VersionTLS10", "VersionTLS11"] {
+        let flag = format!("--tls-min-version={version}");
+        let out = with(&[&flag, "--write-config-to=/dev/null"]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert!(
+            out.stderr
+                .lines()
+                .any(|l| l.contains("WARN") && l.contains(&flag) && l.contains("TLS 1.2")),
+            "{}",
+            out.stderr
+        );
+    }
+    let out = with(&[
+        "--tls-min-version=VersionTLS12",
+        "--write-config-to=/dev/null",
+    ]);
+    assert!(!out.stderr.contains("WARN"), "{}", out.stderr);
+}

@@ -244,7 +244,7 @@ pub fn load(cli: &CommandLine) -> Result<Options, ConfigError> {
         check_file(path, &text)?;
         figment = figment.merge(Toml::string(&text));
     }
-    let (env, warnings) = env_layer(std::env::vars())?;
+    let (env, mut warnings) = env_layer(std::env::vars())?;
     figment = figment
         .merge(Serialized::globals(env))
         .merge(Serialized::globals(cli.explicit.clone()));
@@ -263,6 +263,20 @@ pub fn load(cli: &CommandLine) -> Result<Options, ConfigError> {
     options.write_config_to = cli.options.write_config_to.clone();
     options.dev = cli.options.dev;
     options.dev_state_dir = cli.options.dev_state_dir.clone();
+    if let Ok(version @ (super::TlsVersion::Tls10 | super::TlsVersion::Tls11)) =
+        super::parse_tls_version(&options.tls_min_version)
+    {
+        let name = if version == super::TlsVersion::Tls10 {
+            "1.0"
+        } else {
+            "1.1"
+        };
+        warnings.push(format!(
+            "--tls-min-version={} asks for TLS {name}, which is insecure (RFC 8996) and not \
+             implemented here: TLS 1.2 is the lowest version served",
+            options.tls_min_version
+        ));
+    }
     options.ignored_args = cli.options.ignored_args.clone();
     options.load_warnings = cli.options.load_warnings.clone();
     options.load_warnings.extend(warnings);

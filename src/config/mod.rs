@@ -87,12 +87,10 @@ pub fn parse_tls_version(text: &str) -> Result<TlsVersion, String> {
 /// The smallest per-tunnel queue limit: one maximum-size gRPC message must fit.
 pub const MIN_FRONTEND_QUEUE_BYTES: i64 = 4 << 20;
 
-/// Cipher suite names Go's `tls.CipherSuites()` lists (the ones upstream accepts).
+/// Cipher suite names Go's `tls.CipherSuites()` lists (the ones upstream accepts). Since Go
+/// 1.26, which upstream builds with, the `TLS_RSA_*` suites are in `InsecureCipherSuites()`
+/// instead, so upstream refuses them at validation.
 pub const GO_ACCEPTED_CIPHER_SUITES: &[&str] = &[
-    "TLS_RSA_WITH_AES_128_CBC_SHA",
-    "TLS_RSA_WITH_AES_256_CBC_SHA",
-    "TLS_RSA_WITH_AES_128_GCM_SHA256",
-    "TLS_RSA_WITH_AES_256_GCM_SHA384",
     "TLS_AES_128_GCM_SHA256",
     "TLS_AES_256_GCM_SHA384",
     "TLS_CHACHA20_POLY1305_SHA256",
