@@ -842,3 +842,91 @@ fn tls_options_as_upstream_validates_and_serves_them() {
     ]);
     assert!(!out.stderr.contains("WARN"), "{}", out.stderr);
 }
+
+#[test]
+fn deployment_template_says_how_to_switch_to_token_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("gen")).unwrap();
+    let pki_dir = dir.path().join("pki");
+    std::fs::create_dir_all(&pki_dir).unwrap();
+    std::fs::copy(&pki.server_cert, pki_dir.join("cluster.crt")).unwrap();
+    std::fs::copy(&pki.server_key, pki_dir.join("cluster.key")).unwrap();
+    std::fs::copy(&pki.ca_cert, pki_dir.join("ca.crt")).unwrap();
+    let kubeconfig = write(dir.path(), "konnectivity-server.conf", "apiVersion: v1\n");
+    let template = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/server.toml.deploy"
+    ))
+    .unwrap()
+    .replace("/etc/konnectivity/pki", &pki_dir.display().to_string())
+    .replace(
+        "/etc/kubernetes/konnectivity-server.conf",
+        &kubeconfig.display().to_string(),
+    );
+    // The operator reads both pitfalls in the template itself.
+    let message = "--cluster-ca-cert can not be used when agent authentication is enabled";
+    assert!(template.contains(message), "the conflict is spelled out");
+    assert!(
+        template.contains("0600") && template.contains("User=konnectivity"),
+        "the kubeconfig's permissions are spelled out"
+    );
+
+    // Token authentication added without removing cluster_ca_cert: the error the comment quotes.
+    let as_shipped = write(dir.path(), "shipped.toml", &template);
+    let out = run(
+        &[
+            &format!("--config={}", as_shipped.display()),
+            "--check-config",
+        ],
+        &[
+            ("KONNECTIVITY_SERVER_AGENT_NAMESPACE", "kube-system"),
+            (
+                "KONNECTIVITY_SERVER_AGENT_SERVICE_ACCOUNT",
+                "konnectivity-agent",
+            ),
+            (
+                "KONNECTIVITY_SERVER_AUTHENTICATION_AUDIENCE",
+                "system:konnectivity-server",
+            ),
+        ],
+    );
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains(message), "{}", out.stderr);
+
+    // Following the comments: cluster_ca_cert commented out, the token block uncommented.
+    let switched: String = template
+        .lines()
+        .map(|line| {
+            if line.starts_with("cluster_ca_cert = ") {
+                format!("#{line}")
+            } else if let Some(key) = line.strip_prefix('#').filter(|l| {
+                ["agent_", "authentication_", "kubeconfig ="]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+            }) {
+                key.to_string()
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let token = write(dir.path(), "token.toml", &switched);
+    let out = run(
+        &[
+            &format!("--config={}", token.display()),
+            "--write-config-to=-",
+        ],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let t: toml::Table = out.stdout.parse().unwrap();
+    assert_eq!(t["agent_namespace"].as_str(), Some("kube-system"));
+    assert_eq!(t["cluster_ca_cert"].as_str(), Some(""));
+    let out = run(
+        &[&format!("--config={}", token.display()), "--check-config"],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.starts_with("configuration OK"), "{}", out.stdout);
+}
