@@ -8,6 +8,7 @@
 //! jemalloc's decay returns it while the server idles. The closing notes of the memory issue
 //! give the measurements.
 
+#[cfg(feature = "jemalloc")]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -23,6 +24,13 @@ pub struct AllocatorStats {
 }
 
 /// A fresh reading; `None` if the allocator does not answer.
+#[cfg(not(feature = "jemalloc"))]
+pub fn stats() -> Option<AllocatorStats> {
+    None
+}
+
+/// A fresh reading; `None` if the allocator does not answer.
+#[cfg(feature = "jemalloc")]
 pub fn stats() -> Option<AllocatorStats> {
     use tikv_jemalloc_ctl::{epoch, stats};
     // The statistics are a snapshot taken at the last epoch: advance it first.
@@ -34,7 +42,7 @@ pub fn stats() -> Option<AllocatorStats> {
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "jemalloc"))]
 mod tests {
     #[test]
     fn stats_follow_a_large_allocation() {

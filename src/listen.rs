@@ -30,12 +30,12 @@ const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
-#[error("failed to listen on {what} {addr}: {source}")]
+// The cause is in the message and not a `#[source]`, so `{:#}` does not print it twice.
+#[error("failed to listen on {what} {addr}: {reason}")]
 pub struct BindError {
     what: &'static str,
     addr: String,
-    #[source]
-    source: std::io::Error,
+    reason: std::io::Error,
 }
 
 /// The frontend's listening socket.
@@ -53,10 +53,10 @@ pub struct Listeners {
 }
 
 async fn bind_tcp(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
-    TcpListener::bind(addr).await.map_err(|source| BindError {
+    TcpListener::bind(addr).await.map_err(|reason| BindError {
         what,
         addr: addr.to_string(),
-        source,
+        reason,
     })
 }
 
@@ -64,10 +64,10 @@ async fn bind_tcp(what: &'static str, addr: SocketAddr) -> Result<TcpListener, B
 /// when asked to.
 pub fn bind_uds(path: &Path, delete_existing: bool) -> Result<UnixListener, BindError> {
     use std::os::unix::fs::PermissionsExt;
-    let bind_error = |source| BindError {
+    let bind_error = |reason| BindError {
         what: "the frontend socket",
         addr: path.display().to_string(),
-        source,
+        reason,
     };
     if delete_existing {
         match std::fs::remove_file(path) {

@@ -13,13 +13,15 @@ fn main() -> ExitCode {
     let cli = match CommandLine::parse(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) => {
-            // Help and version go to stdout with 0; bad flags exit 1, as upstream.
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(1)
-            } else {
-                ExitCode::SUCCESS
-            };
+            // Help and version go to stdout with 0; bad flags exit 1 with cobra's
+            // `Error: ...` first line, as upstream.
+            if !e.use_stderr() {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            let text = e.to_string();
+            eprint!("Error: {}", text.strip_prefix("error: ").unwrap_or(&text));
+            return ExitCode::from(1);
         }
     };
     let mut options = match layers::load(&cli) {

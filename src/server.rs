@@ -37,7 +37,7 @@ pub enum RunError {
     #[error(transparent)]
     Bind(#[from] BindError),
     #[error("failed to register the signal handlers: {0}")]
-    Signals(#[source] std::io::Error),
+    Signals(std::io::Error),
 }
 
 fn grpc_server(keepalive: Duration) -> tonic::transport::Server {

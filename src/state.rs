@@ -19,10 +19,12 @@ use crate::tunnel::{FrontendLink, FrontendQueue, QueueBudget, QueueLimits};
 /// Why a configuration could not become a snapshot.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
+    // The cause is part of the message and deliberately not a `#[source]`: printed with its
+    // chain (`{:#}`), it would otherwise appear twice.
     #[error("failed to load the agent port's TLS configuration: {0}")]
-    AgentTls(#[source] TlsError),
+    AgentTls(TlsError),
     #[error("failed to load the frontend's TLS configuration: {0}")]
-    FrontendTls(#[source] TlsError),
+    FrontendTls(TlsError),
 }
 
 /// Everything that can change on a reload, swapped as a whole.

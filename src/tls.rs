@@ -13,27 +13,29 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::config::TlsVersion;
 
+/// Each message carries its cause in its own text, and no variant reports a `source()`: with
+/// anyhow's `{:#}`, a cause that is both in the text and the source chain prints twice.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("failed to read certificate {path}: {source}")]
+    #[error("failed to read certificate {path}: {reason}")]
     Cert {
         path: PathBuf,
-        source: rustls_pki_types::pem::Error,
+        reason: rustls_pki_types::pem::Error,
     },
     #[error("no certificate found in {0}")]
     NoCert(PathBuf),
-    #[error("failed to read private key {path}: {source}")]
+    #[error("failed to read private key {path}: {reason}")]
     Key {
         path: PathBuf,
-        source: rustls_pki_types::pem::Error,
+        reason: rustls_pki_types::pem::Error,
     },
     #[error("failed to load CA cert: {path}: {reason}")]
     Ca { path: PathBuf, reason: String },
-    #[error("certificate {cert} and key {key} do not form a usable pair: {source}")]
+    #[error("certificate {cert} and key {key} do not form a usable pair: {reason}")]
     Pair {
         cert: PathBuf,
         key: PathBuf,
-        source: rustls::Error,
+        reason: rustls::Error,
     },
     #[error("no TLS 1.2 cipher suite left: none of {0:?} is implemented")]
     NoCipherSuite(Vec<String>),
@@ -59,9 +61,9 @@ pub struct TlsPolicy<'a> {
 pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|iter| iter.collect::<Result<Vec<_>, _>>())
-        .map_err(|source| TlsError::Cert {
+        .map_err(|reason| TlsError::Cert {
             path: path.to_path_buf(),
-            source,
+            reason,
         })?;
     if certs.is_empty() {
         return Err(TlsError::NoCert(path.to_path_buf()));
@@ -70,9 +72,9 @@ pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError>
 }
 
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|source| TlsError::Key {
+    PrivateKeyDer::from_pem_file(path).map_err(|reason| TlsError::Key {
         path: path.to_path_buf(),
-        source,
+        reason,
     })
 }
 
@@ -88,6 +90,13 @@ fn load_roots(path: &Path) -> Result<RootCertStore, TlsError> {
     }
     Ok(roots)
 }
+
+/// Go's names of the TLS 1.3 suites (always enabled; listing them changes nothing).
+pub const TLS13_SUITE_NAMES: &[&str] = &[
+    "TLS_AES_128_GCM_SHA256",
+    "TLS_AES_256_GCM_SHA384",
+    "TLS_CHACHA20_POLY1305_SHA256",
+];
 
 /// Maps Go's cipher-suite names onto the suites rustls implements. Names rustls lacks (CBC,
 /// RSA key exchange) are returned separately so the caller can warn about them.
@@ -118,16 +127,40 @@ pub fn server_config(
     let certs = load_certs(files.cert)?;
     let key = load_key(files.key)?;
     let mut crypto = provider::default_provider();
+    let mut tls13_only = policy.min_version == TlsVersion::Tls13;
     if !policy.cipher_suites.is_empty() {
-        let (tls12, unsupported) = select_cipher_suites(policy.cipher_suites);
+        let tls12_names: Vec<String> = policy
+            .cipher_suites
+            .iter()
+            .filter(|name| !TLS13_SUITE_NAMES.contains(&name.as_str()))
+            .cloned()
+            .collect();
+        let (chosen, unsupported) = select_cipher_suites(&tls12_names);
         for name in &unsupported {
             tracing::warn!(
                 cipher_suite = %name,
                 "cipher suite is not implemented by this server (CBC and RSA key exchange are not offered); ignoring it"
             );
         }
-        if !tls12.iter().any(|s| s.version() == &rustls::version::TLS12) {
-            return Err(TlsError::NoCipherSuite(policy.cipher_suites.to_vec()));
+        let tls12: Vec<SupportedCipherSuite> = chosen
+            .into_iter()
+            .filter(|s| s.version() == &rustls::version::TLS12)
+            .collect();
+        // Names of TLS 1.3 suites are accepted and change nothing (as in Go): only the
+        // others ask for TLS 1.2 suites.
+        if tls12.is_empty() {
+            if !tls12_names.is_empty() {
+                return Err(TlsError::NoCipherSuite(policy.cipher_suites.to_vec()));
+            }
+            // Only TLS 1.3 names: as in Go, no TLS 1.2 suite is allowed, so only TLS 1.3
+            // handshakes succeed.
+            if !tls13_only {
+                tracing::warn!(
+                    cipher_suites = ?policy.cipher_suites,
+                    "--cipher-suites names only TLS 1.3 suites, which are not configurable: no TLS 1.2 suite is allowed, so only TLS 1.3 is served"
+                );
+            }
+            tls13_only = true;
         }
         // TLS 1.3 suites are not configurable in Go either: keep them all.
         let mut suites: Vec<SupportedCipherSuite> = provider::ALL_CIPHER_SUITES
@@ -135,16 +168,13 @@ pub fn server_config(
             .copied()
             .filter(|s| s.version() == &rustls::version::TLS13)
             .collect();
-        suites.extend(
-            tls12
-                .into_iter()
-                .filter(|s| s.version() == &rustls::version::TLS12),
-        );
+        suites.extend(tls12);
         crypto.cipher_suites = suites;
     }
-    let versions: &[&rustls::SupportedProtocolVersion] = match policy.min_version {
-        TlsVersion::Tls13 => &[&rustls::version::TLS13],
-        _ => &[&rustls::version::TLS12, &rustls::version::TLS13],
+    let versions: &[&rustls::SupportedProtocolVersion] = if tls13_only {
+        &[&rustls::version::TLS13]
+    } else {
+        &[&rustls::version::TLS12, &rustls::version::TLS13]
     };
     let crypto = Arc::new(crypto);
     let builder = ServerConfig::builder_with_provider(crypto.clone())
@@ -165,13 +195,26 @@ pub fn server_config(
     };
     let mut config = builder
         .with_single_cert(certs, key)
-        .map_err(|source| TlsError::Pair {
+        .map_err(|reason| TlsError::Pair {
             cert: files.cert.to_path_buf(),
             key: files.key.to_path_buf(),
-            source,
+            reason,
         })?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
+}
+
+/// Why a development PKI could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum DevPkiError {
+    #[error("cannot write {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot generate a key or certificate: {0}")]
+    Generate(#[from] rcgen::Error),
 }
 
 /// Files of a development PKI: a CA, a server certificate for localhost and an agent client
@@ -212,17 +255,20 @@ impl DevPki {
 
     /// Generates the PKI under `dir` unless a complete one is already there.
     /// Returns whether it generated anything.
-    pub fn ensure(dir: &Path) -> Result<(DevPki, bool), rcgen::Error> {
+    pub fn ensure(dir: &Path) -> Result<(DevPki, bool), DevPkiError> {
         let pki = DevPki::in_dir(dir);
         if pki.complete() {
             return Ok((pki, false));
         }
-        std::fs::create_dir_all(dir).map_err(|_| rcgen::Error::CouldNotParseCertificate)?;
+        std::fs::create_dir_all(dir).map_err(|source| DevPkiError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
         pki.generate()?;
         Ok((pki, true))
     }
 
-    fn generate(&self) -> Result<(), rcgen::Error> {
+    fn generate(&self) -> Result<(), DevPkiError> {
         use rcgen::{
             BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
             KeyUsagePurpose,
@@ -255,7 +301,10 @@ impl DevPki {
             ExtendedKeyUsagePurpose::ClientAuth,
         )?;
         let write = |path: &Path, text: &str, private: bool| {
-            write_file(path, text, private).map_err(|_| rcgen::Error::CouldNotParseCertificate)
+            write_file(path, text, private).map_err(|source| DevPkiError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
         };
         write(&self.ca_cert, &ca.pem(), false)?;
         write(&self.ca_key, &ca.key().serialize_pem(), true)?;
@@ -283,6 +332,18 @@ fn write_file(path: &Path, text: &str, private: bool) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dev_pki_that_cannot_be_written_says_where_and_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        let err = DevPki::ensure(&file.join("pki")).unwrap_err();
+        assert!(matches!(err, DevPkiError::Io { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("a-file/pki"), "{text}");
+        assert!(!text.contains("parse"), "{text}");
+    }
 
     #[test]
     fn go_cipher_names_map_to_rustls() {

@@ -454,7 +454,7 @@ fn every_upstream_flag_is_listed_and_accepted() {
             "int" | "uint" | "float32" | "Level" => "5",
             "duration" => "90s",
             "severity" => "2",
-            "traceLocation" => ":0",
+            "traceLocation" => "main.go:10",
             "moduleSpec" => "tunnel=5",
             _ => "x",
         };
@@ -474,4 +474,460 @@ fn every_upstream_flag_is_listed_and_accepted() {
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stderr.contains("deprecated"), "{}", out.stderr);
+}
+
+#[test]
+fn bool_flags_take_every_value_go_parses() {
+    for (value, expected) in [
+        ("1", true),
+        ("t", true),
+        ("T", true),
+        ("TRUE", true),
+        ("true", true),
+        ("True", true),
+        ("0", false),
+        ("f", false),
+        ("F", false),
+        ("FALSE", false),
+        ("false", false),
+        ("False", false),
+    ] {
+        let t = effective(
+            &[
+                "--config=",
+                &format!("--enable-profiling={value}"),
+                &format!("--delete-existing-uds-file={value}"),
+            ],
+            &[],
+        );
+        assert_eq!(t["enable_profiling"].as_bool(), Some(expected), "{value}");
+        assert_eq!(
+            t["delete_existing_uds_file"].as_bool(),
+            Some(expected),
+            "{value}"
+        );
+    }
+    let out = run(&["--config=", "--enable-profiling=yes"], &[]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stderr.contains(
+            "invalid argument \"yes\" for \"--enable-profiling\" flag: strconv.ParseBool: parsing \"yes\": invalid syntax"
+        ),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn stray_arguments_are_ignored_with_a_warning_naming_them() {
+    // pflag: a bool flag never takes the next argument, so `false` is a positional argument,
+    // which upstream's command ignores; the flag is true.
+    let out = run(
+        &[
+            "--config=",
+            "--write-config-to=-",
+            "--enable-profiling",
+            "false",
+            "stray",
+        ],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let t: toml::Table = out.stdout.parse().unwrap();
+    assert_eq!(t["enable_profiling"].as_bool(), Some(true));
+    let warning = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("\"stray\""))
+        .unwrap_or_else(|| panic!("no warning naming the arguments: {}", out.stderr));
+    assert!(warning.contains("\"false\""), "{warning}");
+    assert!(
+        warning.contains("--enable-profiling=false"),
+        "says how to give the value: {warning}"
+    );
+    // After `--` everything is an argument, as in pflag.
+    let out = run(
+        &["--config=", "--write-config-to=/dev/null", "--", "--mode=x"],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stderr.contains("\"--mode=x\""), "{}", out.stderr);
+}
+
+#[test]
+fn numbers_parse_as_pflag_parses_them() {
+    // pflag's ints are Go's ParseInt(s, 0, 64): base prefixes, a leading 0 is octal.
+    let t = effective(
+        &[
+            "--config=",
+            "--agent-port=0x1F90",
+            "--server-count=1_0",
+            "--v=-1",
+        ],
+        &[],
+    );
+    assert_eq!(t["agent_port"].as_integer(), Some(8080));
+    assert_eq!(t["server_count"].as_integer(), Some(10));
+    assert_eq!(t["v"].as_integer(), Some(0), "klog takes negative levels");
+    let t = effective(&["--config="], &[("KONNECTIVITY_SERVER_V", "-1")]);
+    assert_eq!(t["v"].as_integer(), Some(0));
+    for (arg, message) in [
+        (
+            "--agent-port=abc",
+            "invalid argument \"abc\" for \"--agent-port\" flag: strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "--agent-port=08091",
+            "invalid argument \"08091\" for \"--agent-port\" flag: strconv.ParseInt: parsing \"08091\": invalid syntax",
+        ),
+        (
+            "--v=x",
+            "invalid argument \"x\" for \"-v, --v\" flag: strconv.ParseInt: parsing \"x\": invalid syntax",
+        ),
+        (
+            "--log-file-max-size=-1",
+            "invalid argument \"-1\" for \"--log-file-max-size\" flag: strconv.ParseUint: parsing \"-1\": invalid syntax",
+        ),
+    ] {
+        let out = run(&["--config=", arg], &[]);
+        assert_eq!(out.code, 1, "{arg}");
+        assert!(out.stderr.contains(message), "{arg}: {}", out.stderr);
+    }
+}
+
+#[test]
+fn kubernetes_service_links_never_stop_the_start() {
+    // What the kubelet sets for a Service named konnectivity-server-agent (and one named
+    // konnectivity-server) in the pod's namespace.
+    let links = [
+        ("KONNECTIVITY_SERVER_AGENT_PORT", "tcp://10.96.0.6:8091"),
+        (
+            "KONNECTIVITY_SERVER_AGENT_PORT_8091_TCP",
+            "tcp://10.96.0.6:8091",
+        ),
+        ("KONNECTIVITY_SERVER_AGENT_PORT_8091_TCP_PROTO", "tcp"),
+        ("KONNECTIVITY_SERVER_AGENT_PORT_8091_TCP_PORT", "8091"),
+        ("KONNECTIVITY_SERVER_AGENT_PORT_8091_TCP_ADDR", "10.96.0.6"),
+        ("KONNECTIVITY_SERVER_AGENT_SERVICE_HOST", "10.96.0.6"),
+        ("KONNECTIVITY_SERVER_AGENT_SERVICE_PORT", "8091"),
+        ("KONNECTIVITY_SERVER_AGENT_SERVICE_PORT_GRPC", "8091"),
+        ("KONNECTIVITY_SERVER_HEALTH_PORT", "udp://[fd00::10]:8092"),
+        ("KONNECTIVITY_SERVER_PORT", "sctp://10.96.0.7:8090"),
+        ("KONNECTIVITY_SERVER_SERVICE_HOST", "10.96.0.7"),
+        ("KONNECTIVITY_SERVER_SERVICE_PORT", "8090"),
+    ];
+    let out = run(&["--config=", "--write-config-to=-"], &links);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let t: toml::Table = out.stdout.parse().unwrap();
+    assert_eq!(t["agent_port"].as_integer(), Some(8091));
+    assert_eq!(t["health_port"].as_integer(), Some(8092));
+    let warnings: Vec<&str> = out.stderr.lines().filter(|l| l.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "one warning: {}", out.stderr);
+    assert!(warnings[0].contains("service-link"), "{}", warnings[0]);
+    for (name, _) in links {
+        assert!(warnings[0].contains(name), "{name} named: {}", warnings[0]);
+    }
+    // A real setting next to them still applies, and a bad one is still an error.
+    let mut with_setting = links.to_vec();
+    with_setting.push(("KONNECTIVITY_SERVER_SERVER_COUNT", "3"));
+    let t = effective(&["--config="], &with_setting);
+    assert_eq!(t["server_count"].as_integer(), Some(3));
+    let out = run(&["--config="], &[("KONNECTIVITY_SERVER_AGENT_PORT", "tcp")]);
+    assert_eq!(out.code, 1, "{}", out.stderr);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn bind_addresses_may_be_host_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let (agent, health, admin) = (free_port(), free_port(), free_port());
+    let args: Vec<String> = vec![
+        "--config=".into(),
+        format!("--uds-name={}", dir.path().join("s.sock").display()),
+        "--server-port=0".into(),
+        format!("--cluster-cert={}", pki.server_cert.display()),
+        format!("--cluster-key={}", pki.server_key.display()),
+        format!("--agent-port={agent}"),
+        format!("--health-port={health}"),
+        format!("--admin-port={admin}"),
+        "--agent-bind-address=localhost".into(),
+        "--health-bind-address=localhost".into(),
+        "--admin-bind-address=localhost".into(),
+    ];
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .env("HOME", std::env::temp_dir())
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // As Go's net.Listen does, a name binds its first IPv4 address.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut served = false;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if let Ok(mut sock) = std::net::TcpStream::connect(("127.0.0.1", health)) {
+            use std::io::{Read, Write};
+            sock.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut reply = String::new();
+            let _ = sock.read_to_string(&mut reply);
+            served = reply.starts_with("HTTP/1.1 200");
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let agent_open = std::net::TcpStream::connect(("127.0.0.1", agent)).is_ok();
+    let admin_open = std::net::TcpStream::connect(("127.0.0.1", admin)).is_ok();
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(served, "health on localhost answered: {stderr}");
+    assert!(agent_open && admin_open, "agent and admin bound: {stderr}");
+
+    // The frontend's bind address too (checked by validation, which resolves it).
+    let f = files();
+    let out = run(
+        &[
+            "--config=",
+            &format!("--server-ca-cert={}", f.exists),
+            "--server-bind-address=localhost",
+            "--check-config",
+        ],
+        &[],
+    );
+    assert!(
+        !out.stderr.contains("bind address") && !out.stdout.contains("bind address"),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
+}
+
+#[test]
+fn klog_flags_and_lease_labels_are_checked_as_upstream_checks_them() {
+    // Accepted by Go: negative verbosity, severity names in any case, any integer severity.
+    for ok in [
+        "--v=-1",
+        "--stderrthreshold=warning",
+        "--stderrthreshold=99",
+        "--alsologtostderrthreshold=ERROR",
+        "--vmodule=tunnel=5,,server=0",
+        "--log-backtrace-at=main.go:10",
+        "--log-backtrace-at=",
+    ] {
+        let out = run(&["--config=", "--write-config-to=/dev/null", ok], &[]);
+        assert_eq!(out.code, 0, "{ok}: {}", out.stderr);
+    }
+    // Refused by Go, with these words (cobra prints the error, then the usage).
+    for (arg, message) in [
+        (
+            "--stderrthreshold=abc",
+            "invalid argument \"abc\" for \"--stderrthreshold\" flag: strconv.ParseInt: parsing \"abc\": invalid syntax",
+        ),
+        (
+            "--alsologtostderrthreshold=x",
+            "invalid argument \"x\" for \"--alsologtostderrthreshold\" flag: strconv.ParseInt: parsing \"x\": invalid syntax",
+        ),
+        (
+            "--vmodule=bad",
+            "invalid argument \"bad\" for \"--vmodule\" flag: syntax error: expect comma-separated list of filename=N",
+        ),
+        (
+            "--vmodule=a=-1",
+            "invalid argument \"a=-1\" for \"--vmodule\" flag: negative value for vmodule level",
+        ),
+        (
+            "--log-backtrace-at=:0",
+            "invalid argument \":0\" for \"--log-backtrace-at\" flag: syntax error: expect file.go:234",
+        ),
+        (
+            "--log-backtrace-at=main.go:0",
+            "invalid argument \"main.go:0\" for \"--log-backtrace-at\" flag: negative or zero value for level",
+        ),
+        ("--no-such-flag=1", "unknown flag: --no-such-flag"),
+        ("--mode", "flag needs an argument: --mode"),
+    ] {
+        let out = run(&["--config=", "--write-config-to=/dev/null", arg], &[]);
+        assert_eq!(out.code, 1, "{arg}");
+        let mut lines = out.stderr.lines();
+        let first = lines.next().unwrap_or_default();
+        assert!(
+            first == format!("Error: {message}"),
+            "{arg}: {}",
+            out.stderr
+        );
+        assert_eq!(lines.next(), Some("Usage:"), "{arg}: {}", out.stderr);
+        assert!(out.stderr.contains("--agent-port"), "flags listed");
+        assert!(!out.stderr.contains("For more information"), "no clap footer");
+    }
+    // The lease labels are parsed on every start, lease controller or not.
+    let f = files();
+    let uds = format!("--uds-name={}", f.uds);
+    for (label, message) in [
+        ("--lease-label=", "empty string provided"),
+        ("--lease-label=a", "invalid label format: a"),
+    ] {
+        let out = run(&["--config=", &uds, "--server-port=0", label], &[]);
+        assert_eq!(out.code, 1, "{label}");
+        assert!(out.stderr.contains(message), "{label}: {}", out.stderr);
+    }
+}
+
+#[test]
+fn tls_options_as_upstream_validates_and_serves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let base = [
+        "--config=".to_string(),
+        format!("--uds-name={}", dir.path().join("s.sock").display()),
+        "--server-port=0".to_string(),
+        format!("--cluster-cert={}", pki.server_cert.display()),
+        format!("--cluster-key={}", pki.server_key.display()),
+    ];
+    let with = |extra: &[&str]| {
+        let mut args: Vec<&str> = base.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
+        run(&args, &[])
+    };
+    // Only TLS 1.3 names: Go starts (and serves TLS 1.3 alone); so do we.
+    let out = with(&[
+        "--cipher-suites=TLS_AES_128_GCM_SHA256,TLS_AES_256_GCM_SHA384",
+        "--check-config",
+    ]);
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    // Go 1.26 lists the TLS_RSA_* suites as insecure, so upstream refuses them at validation.
+    for suite in [
+        "TLS_RSA_WITH_AES_128_CBC_SHA",
+        "TLS_RSA_WITH_AES_256_CBC_SHA",
+        "TLS_RSA_WITH_AES_128_GCM_SHA256",
+        "TLS_RSA_WITH_AES_256_GCM_SHA384",
+    ] {
+        let out = with(&[&format!(
+            "--cipher-suites=TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,{suite}"
+        )]);
+        assert_eq!(out.code, 1, "{suite}");
+        assert_eq!(
+            out.stderr,
+            format!("Error: failed to validate server options with cipher suite {suite} not supported, doesn't exist or considered as insecure\n"),
+        );
+    }
+    // TLS 1.0 and 1.1 are accepted with a warning naming the flag (Go warns too, and serves
+    // them; this server's floor is TLS 1.2).
+    for version in ["VersionTLS10", "VersionTLS11"] {
+        let flag = format!("--tls-min-version={version}");
+        let out = with(&[&flag, "--write-config-to=/dev/null"]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert!(
+            out.stderr
+                .lines()
+                .any(|l| l.contains("WARN") && l.contains(&flag) && l.contains("TLS 1.2")),
+            "{}",
+            out.stderr
+        );
+    }
+    let out = with(&[
+        "--tls-min-version=VersionTLS12",
+        "--write-config-to=/dev/null",
+    ]);
+    assert!(!out.stderr.contains("WARN"), "{}", out.stderr);
+}
+
+#[test]
+fn deployment_template_says_how_to_switch_to_token_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("gen")).unwrap();
+    let pki_dir = dir.path().join("pki");
+    std::fs::create_dir_all(&pki_dir).unwrap();
+    std::fs::copy(&pki.server_cert, pki_dir.join("cluster.crt")).unwrap();
+    std::fs::copy(&pki.server_key, pki_dir.join("cluster.key")).unwrap();
+    std::fs::copy(&pki.ca_cert, pki_dir.join("ca.crt")).unwrap();
+    let kubeconfig = write(dir.path(), "konnectivity-server.conf", "apiVersion: v1\n");
+    let template = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/server.toml.deploy"
+    ))
+    .unwrap()
+    .replace("/etc/konnectivity/pki", &pki_dir.display().to_string())
+    .replace(
+        "/etc/kubernetes/konnectivity-server.conf",
+        &kubeconfig.display().to_string(),
+    );
+    // The operator reads both pitfalls in the template itself.
+    let message = "--cluster-ca-cert can not be used when agent authentication is enabled";
+    assert!(template.contains(message), "the conflict is spelled out");
+    assert!(
+        template.contains("0600") && template.contains("User=konnectivity"),
+        "the kubeconfig's permissions are spelled out"
+    );
+
+    // Token authentication added without removing cluster_ca_cert: the error the comment quotes.
+    let as_shipped = write(dir.path(), "shipped.toml", &template);
+    let out = run(
+        &[
+            &format!("--config={}", as_shipped.display()),
+            "--check-config",
+        ],
+        &[
+            ("KONNECTIVITY_SERVER_AGENT_NAMESPACE", "kube-system"),
+            (
+                "KONNECTIVITY_SERVER_AGENT_SERVICE_ACCOUNT",
+                "konnectivity-agent",
+            ),
+            (
+                "KONNECTIVITY_SERVER_AUTHENTICATION_AUDIENCE",
+                "system:konnectivity-server",
+            ),
+        ],
+    );
+    assert_eq!(out.code, 1);
+    assert!(out.stderr.contains(message), "{}", out.stderr);
+
+    // Following the comments: cluster_ca_cert commented out, the token block uncommented.
+    let switched: String = template
+        .lines()
+        .map(|line| {
+            if line.starts_with("cluster_ca_cert = ") {
+                format!("#{line}")
+            } else if let Some(key) = line.strip_prefix('#').filter(|l| {
+                ["agent_", "authentication_", "kubeconfig ="]
+                    .iter()
+                    .any(|k| l.starts_with(k))
+            }) {
+                key.to_string()
+            } else {
+                line.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let token = write(dir.path(), "token.toml", &switched);
+    let out = run(
+        &[
+            &format!("--config={}", token.display()),
+            "--write-config-to=-",
+        ],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let t: toml::Table = out.stdout.parse().unwrap();
+    assert_eq!(t["agent_namespace"].as_str(), Some("kube-system"));
+    assert_eq!(t["cluster_ca_cert"].as_str(), Some(""));
+    let out = run(
+        &[&format!("--config={}", token.display()), "--check-config"],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.starts_with("configuration OK"), "{}", out.stdout);
 }

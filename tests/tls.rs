@@ -394,3 +394,61 @@ async fn a_key_that_does_not_match_its_certificate_is_refused() {
         Err(TlsError::Pair { .. })
     ));
 }
+
+#[tokio::test]
+async fn a_cipher_list_of_only_tls13_names_serves_tls13_alone() {
+    let pki = Pki::new();
+    ec_key(&pki, "ec.key");
+    let chain = pki.issue("ec", "ec.key");
+    let key = pki.path("ec.key");
+    let files = TlsFiles {
+        cert: &chain,
+        key: &key,
+        client_ca: None,
+    };
+    let root = pki.path("root.crt");
+    // As Go: TLS 1.3 names are accepted and change nothing, and no TLS 1.2 suite is left,
+    // so TLS 1.3 clients connect and TLS 1.2 clients do not.
+    let suites = vec![
+        "TLS_AES_128_GCM_SHA256".to_string(),
+        "TLS_CHACHA20_POLY1305_SHA256".to_string(),
+    ];
+    let server = tls::server_config(&files, &policy(&suites, TlsVersion::Tls12), &[b"h2"])
+        .expect("a TLS 1.3-only list is not an error");
+    let (version, _, alpn) = handshake(server.clone(), client(&root, false))
+        .await
+        .unwrap();
+    assert_eq!(version, rustls::ProtocolVersion::TLSv1_3);
+    assert_eq!(alpn, b"h2");
+    assert!(handshake(server, client(&root, true)).await.is_err());
+}
+
+#[test]
+fn a_tls_error_names_its_cause_once() {
+    let pki = Pki::new();
+    let not_pem = pki.path("not.pem");
+    std::fs::write(&not_pem, "not a certificate").unwrap();
+    ec_key(&pki, "ec.key");
+    let key = pki.path("ec.key");
+    let cert = pki.path("root.crt");
+    for (cert, key) in [(&not_pem, &key), (&cert, &not_pem)] {
+        let files = TlsFiles {
+            cert,
+            key,
+            client_ca: None,
+        };
+        let err = tls::server_config(&files, &policy(&[], TlsVersion::Tls12), &[b"h2"])
+            .expect_err("refused");
+        let plain = err.to_string();
+        let chain = format!("{:#}", anyhow::Error::from(err));
+        assert_eq!(
+            chain, plain,
+            "the chain adds nothing the message does not say"
+        );
+        assert_eq!(
+            plain.matches(&*not_pem.display().to_string()).count(),
+            1,
+            "{plain}"
+        );
+    }
+}

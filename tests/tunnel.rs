@@ -862,6 +862,75 @@ async fn misbehaving_frontend_stops_reading_only_its_tunnel_is_closed() {
     h.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_first() {
+    use konnectivity_server::wire::FRONTEND_QUEUE_BUDGET;
+    // Per-tunnel limits far above the budget, so only the budget can close anything.
+    let h = Harness::start_with(&[
+        "--frontend-queue-limit-bytes=33554432",
+        "--frontend-queue-budget-bytes=33554432",
+    ])
+    .await;
+    let mut agent = h.agent("agent-1").await;
+    let fe = h.frontend().await;
+    let mut reader = h.establish(&fe, &mut agent, 291, 1).await;
+    let mut small = h.establish(&fe, &mut agent, 292, 2).await;
+    let mut large = h.establish(&fe, &mut agent, 293, 3).await;
+    let chunk = bytes::Bytes::from(vec![7u8; 1 << 20]);
+    // A frontend counts as not reading once it took nothing for 250 ms: let both idle ones
+    // pass that (time only grows, so this cannot be too short under load).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // 8 MiB for one idle frontend, then more for another until the budget closes one: every
+    // delivery past the budget closes the idle tunnel holding the most, never the reader.
+    for _ in 0..8 {
+        agent.send(data(2, chunk.clone())).await;
+    }
+    let mut sent_large = 0;
+    while h.metrics().frontend_queue_budget_closes.get() == 0 {
+        assert!(sent_large < 96, "the budget never closed a tunnel");
+        agent.send(data(3, chunk.clone())).await;
+        sent_large += 1;
+        // The reader keeps reading through it all, and is never the one closed.
+        agent.send(data(1, &b"still here"[..])).await;
+        assert_eq!(reader.recv().await, data(1, &b"still here"[..]));
+    }
+    let at_agent = agent.sync().await;
+    assert!(
+        at_agent.iter().all(|p| *p == close_req(3)) && !at_agent.is_empty(),
+        "the agent was told to close the larger idle tunnel only: {at_agent:?}"
+    );
+    assert_eq!(h.metrics().frontend_queue_budget_closes.get(), 1);
+    assert_eq!(h.metrics().frontend_queue_overflows.get(), 0);
+    // Its queue was emptied at once; the smaller idle tunnel keeps its 8 MiB.
+    let queued = h.metrics().frontend_queued_bytes.get();
+    assert!(queued <= 8 << 20, "queued {queued} bytes after the close");
+    h.wait_gauges((0, 2)).await;
+    // The closed tunnel's client, reading at last, finds the reason after what the transport
+    // still held.
+    loop {
+        let packet = large.recv().await;
+        if !matches!(packet.payload, Some(Payload::Data(_))) {
+            assert_eq!(packet, close_rsp(3, FRONTEND_QUEUE_BUDGET));
+            break;
+        }
+    }
+    // The smaller idle tunnel still has all its data.
+    let mut got = 0;
+    while got < 8 << 20 {
+        match small.recv().await.payload {
+            Some(Payload::Data(d)) => got += d.data.len(),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(h.metrics().frontend_queued_bytes.get(), 0);
+    drop((reader, small, large));
+    let mut closes = vec![agent.recv().await, agent.recv().await];
+    closes.sort_by_key(|p| format!("{p:?}"));
+    assert_eq!(closes, vec![close_req(1), close_req(2)]);
+    drop((fe, agent));
+    h.finish().await;
+}
+
 // =============================================================================================
 // gRPC paths and limits
 

@@ -37,7 +37,7 @@ pub struct Options {
 
     /// Validate the configuration (including that certificates and keys load and match),
     /// print one line, and exit 0 or 1.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     #[serde(skip)]
     pub check_config: bool,
 
@@ -51,10 +51,16 @@ pub struct Options {
     #[serde(skip)]
     pub load_warnings: Vec<String>,
 
+    /// Arguments that are not flags. Upstream's command ignores them, so they are ignored here
+    /// too, and named in a warning (`--enable-profiling false` leaves `false` behind).
+    #[arg(value_name = "IGNORED", hide = true)]
+    #[serde(skip)]
+    pub ignored_args: Vec<String>,
+
     /// Start on an embedded development setup: a gRPC frontend on a Unix socket in the runtime
     /// directory and a development CA, server and agent certificates generated on first start
     /// under the state directory. Explicit flags still override.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     #[serde(skip)]
     pub dev: bool,
 
@@ -72,10 +78,10 @@ pub struct Options {
     #[arg(long, default_value = "")]
     pub uds_name: String,
     /// Remove an existing file at --uds-name before listening.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub delete_existing_uds_file: bool,
     /// Frontend TCP port. Must be 0 with --uds-name.
-    #[arg(long, default_value_t = 8090, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 8090, allow_negative_numbers = true, value_parser = go_int)]
     pub server_port: i64,
     /// Frontend bind address. Empty means all interfaces.
     #[arg(long, default_value = "")]
@@ -93,11 +99,11 @@ pub struct Options {
     #[arg(long, default_value = "1h0m0s")]
     pub frontend_keepalive_time: GoDuration,
     /// Packets queued per tunnel toward its frontend. 0 writes without a queue.
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = go_int)]
     pub frontend_write_channel_size: i64,
     /// Beyond upstream: past this many bytes queued toward a frontend, the agent waits for a
     /// frontend that is still reading; one that stopped is closed alone at 4x this.
-    #[arg(long, default_value_t = 16 << 20, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 16 << 20, allow_negative_numbers = true, value_parser = go_int)]
     pub frontend_queue_limit_bytes: i64,
     /// Beyond upstream: how long a tunnel's full queue may go without its frontend taking
     /// anything before the tunnel is closed.
@@ -110,7 +116,7 @@ pub struct Options {
 
     // --- agents ---
     /// Agent port (always TLS).
-    #[arg(long, default_value_t = 8091, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 8091, allow_negative_numbers = true, value_parser = go_int)]
     pub agent_port: i64,
     /// Agent bind address. Empty means all interfaces.
     #[arg(long, default_value = "")]
@@ -134,10 +140,10 @@ pub struct Options {
     #[arg(long, default_value = "default")]
     pub proxy_strategies: String,
     /// Per-stream queue size for packets in transit.
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = go_int)]
     pub xfr_channel_size: i64,
     /// Deprecated: has no effect.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, hide = true)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_parser = go_bool, action = ArgAction::Set, hide = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warn_on_channel_limit: Option<bool>,
 
@@ -156,10 +162,10 @@ pub struct Options {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_id: Option<String>,
     /// Number of proxy-server instances agents should connect to.
-    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = go_int)]
     pub server_count: i64,
     /// Publish and garbage-collect proxy-server leases.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub enable_lease_controller: bool,
     /// Namespace of the lease objects.
     #[arg(long, default_value = "kube-system")]
@@ -186,10 +192,10 @@ pub struct Options {
     #[arg(long, default_value = "1m0s", allow_hyphen_values = true)]
     pub agent_token_cache_ttl: GoDuration,
     /// Kubernetes client QPS; 0 means the client default.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = go_float32)]
     pub kubeconfig_qps: f32,
     /// Kubernetes client burst; 0 means the client default.
-    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = go_int)]
     pub kubeconfig_burst: i64,
     /// Content type of requests to the API server.
     #[arg(long, default_value = "application/vnd.kubernetes.protobuf")]
@@ -197,22 +203,22 @@ pub struct Options {
 
     // --- health and admin ---
     /// Health port (/healthz, /readyz, /metrics).
-    #[arg(long, default_value_t = 8092, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 8092, allow_negative_numbers = true, value_parser = go_int)]
     pub health_port: i64,
     /// Health bind address. Empty means all interfaces.
     #[arg(long, default_value = "")]
     pub health_bind_address: String,
     /// Admin port (/metrics, profiling).
-    #[arg(long, default_value_t = 8095, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 8095, allow_negative_numbers = true, value_parser = go_int)]
     pub admin_port: i64,
     /// Admin bind address. Empty means ALL interfaces (as upstream does, whatever its help says).
     #[arg(long, default_value = "127.0.0.1")]
     pub admin_bind_address: String,
     /// Serve profiling endpoints on the admin port.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub enable_profiling: bool,
     /// Contention profiling; requires --enable-profiling.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub enable_contention_profiling: bool,
 
     // --- lifecycle ---
@@ -222,7 +228,7 @@ pub struct Options {
 
     // --- beyond upstream ---
     /// Reload when the config file or a certificate, key or CA file changes.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub watch_files: bool,
     /// Where logs go: auto (journald when run by systemd, else stderr), journald, stderr.
     #[arg(long, default_value = "auto")]
@@ -230,16 +236,18 @@ pub struct Options {
 
     // --- klog flags: accepted for drop-in compatibility ---
     /// Log verbosity (klog levels: 0-4 info, 5 debug, 6+ trace).
-    #[arg(short = 'v', long = "v", default_value_t = 4, value_name = "Level")]
+    /// Negative levels are accepted, as klog does, and log like 0.
+    #[arg(short = 'v', long = "v", default_value_t = 4, value_name = "Level", value_parser = go_level, allow_negative_numbers = true)]
+    #[serde(deserialize_with = "level")]
     pub v: u32,
     /// Per-module verbosity, pattern=N,... (mapped to per-target filters).
     #[arg(long, default_value = "")]
     pub vmodule: String,
     /// Log to stderr (or journald under systemd); false uses --log-file or --log-dir.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub logtostderr: bool,
     /// With a log file: also log to stderr.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub alsologtostderr: bool,
     /// Accepted for compatibility; no effect.
     #[arg(long, default_value = "", value_name = "severity")]
@@ -248,7 +256,7 @@ pub struct Options {
     #[arg(long, default_value = "2", value_name = "severity")]
     pub stderrthreshold: String,
     /// Accepted for compatibility; no effect.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub legacy_stderr_threshold_behavior: bool,
     /// Accepted for compatibility; no effect.
     #[arg(long, default_value = ":0", value_name = "traceLocation")]
@@ -260,20 +268,174 @@ pub struct Options {
     #[arg(long, default_value = "")]
     pub log_file: String,
     /// The log file starts over at this many MB; 0 is unlimited.
-    #[arg(long, default_value_t = 1800)]
+    #[arg(long, default_value_t = 1800, value_parser = go_uint)]
     pub log_file_max_size: u64,
     /// Accepted for compatibility; no effect.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub add_dir_header: bool,
     /// Accepted for compatibility; no effect.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub skip_headers: bool,
     /// Accepted for compatibility; no effect.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub skip_log_headers: bool,
     /// Accepted for compatibility; no effect.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub one_output: bool,
+}
+
+/// Go's `strconv.ParseBool`, which pflag uses for bool flags.
+pub fn parse_go_bool(text: &str) -> Option<bool> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+fn go_bool(text: &str) -> Result<bool, String> {
+    parse_go_bool(text)
+        .ok_or_else(|| format!("strconv.ParseBool: parsing {text:?}: invalid syntax"))
+}
+
+/// Go's `strconv.ParseUint(text, 0, 64)` on the text after an optional sign: a base prefix
+/// (`0x`, `0o`, `0b`, or a leading `0` for octal) and `_` between digits are accepted.
+fn go_base0(func: &str, text: &str, digits_text: &str) -> Result<u64, String> {
+    let syntax = || format!("strconv.{func}: parsing {text:?}: invalid syntax");
+    let lower = digits_text.to_ascii_lowercase();
+    let (radix, digits, prefixed) = if let Some(rest) = lower.strip_prefix("0x") {
+        (16, rest, true)
+    } else if let Some(rest) = lower.strip_prefix("0o") {
+        (8, rest, true)
+    } else if let Some(rest) = lower.strip_prefix("0b") {
+        (2, rest, true)
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, &lower[1..], true)
+    } else {
+        (10, lower.as_str(), false)
+    };
+    // `_` only between digits (a base prefix counts as one).
+    let mut after_digit = prefixed;
+    for c in digits.chars() {
+        if c == '_' {
+            if !after_digit {
+                return Err(syntax());
+            }
+            after_digit = false;
+        } else if c.is_ascii_alphanumeric() {
+            after_digit = true;
+        } else {
+            return Err(syntax());
+        }
+    }
+    let digits = digits.replace('_', "");
+    if !after_digit || digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return Err(syntax());
+    }
+    u64::from_str_radix(&digits, radix)
+        .map_err(|_| format!("strconv.{func}: parsing {text:?}: value out of range"))
+}
+
+/// pflag's int flags: Go's `strconv.ParseInt(text, 0, 64)`.
+fn go_int(text: &str) -> Result<i64, String> {
+    let (negative, rest) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let magnitude = go_base0("ParseInt", text, rest)?;
+    let value = if negative {
+        -(magnitude as i128)
+    } else {
+        magnitude as i128
+    };
+    i64::try_from(value)
+        .map_err(|_| format!("strconv.ParseInt: parsing {text:?}: value out of range"))
+}
+
+/// pflag's uint flags: Go's `strconv.ParseUint(text, 0, 64)` (no sign).
+fn go_uint(text: &str) -> Result<u64, String> {
+    go_base0("ParseUint", text, text)
+}
+
+/// pflag's float32 flags, with Go's error wording.
+fn go_float32(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(value) if value.is_finite() || !text.chars().any(|c| c.is_ascii_digit()) => Ok(value),
+        Ok(_) => Err(format!(
+            "strconv.ParseFloat: parsing {text:?}: value out of range"
+        )),
+        Err(_) => Err(format!(
+            "strconv.ParseFloat: parsing {text:?}: invalid syntax"
+        )),
+    }
+}
+
+/// klog's `Level`: a base-10 32-bit integer. Negative levels are valid and log like 0.
+fn go_level(text: &str) -> Result<u32, String> {
+    go_int32(text).map(|level| level.max(0) as u32)
+}
+
+/// Go's `strconv.ParseInt(text, 10, 32)`, with its error wording.
+fn go_int32(text: &str) -> Result<i32, String> {
+    let digits = text.strip_prefix(['+', '-']).unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "strconv.ParseInt: parsing {text:?}: invalid syntax"
+        ));
+    }
+    text.trim_start_matches('+')
+        .parse::<i32>()
+        .map_err(|_| format!("strconv.ParseInt: parsing {text:?}: value out of range"))
+}
+
+/// A level from the file or the environment: any integer, negative ones counting as 0.
+fn level<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    let level = i64::deserialize(deserializer)?;
+    u32::try_from(level.max(0)).map_err(serde::de::Error::custom)
+}
+
+/// klog's `severity` flags (`--stderrthreshold`, `--alsologtostderrthreshold`): a severity name
+/// in any case, or a 32-bit integer.
+pub fn check_severity(text: &str) -> Result<(), String> {
+    if ["INFO", "WARNING", "ERROR", "FATAL"].contains(&text.to_ascii_uppercase().as_str()) {
+        return Ok(());
+    }
+    go_int32(text).map(|_| ())
+}
+
+/// klog's `--vmodule`: comma-separated `pattern=N`, N a non-negative 32-bit integer.
+pub fn check_vmodule(text: &str) -> Result<(), String> {
+    const SYNTAX: &str = "syntax error: expect comma-separated list of filename=N";
+    for item in text.split(',').filter(|item| !item.is_empty()) {
+        let parts: Vec<&str> = item.split('=').collect();
+        if parts.len() != 2 || parts[0].is_empty() || parts[1].is_empty() {
+            return Err(SYNTAX.into());
+        }
+        match parts[1].parse::<i32>() {
+            Err(_) => return Err(SYNTAX.into()),
+            Ok(level) if level < 0 => return Err("negative value for vmodule level".into()),
+            Ok(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// klog's `--log-backtrace-at`: empty, or `file.go:N` with N > 0.
+pub fn check_trace_location(text: &str) -> Result<(), String> {
+    const SYNTAX: &str = "syntax error: expect file.go:234";
+    if text.is_empty() {
+        return Ok(());
+    }
+    let fields: Vec<&str> = text.split(':').collect();
+    if fields.len() != 2 || !fields[0].contains('.') {
+        return Err(SYNTAX.into());
+    }
+    match fields[1].parse::<i64>() {
+        Err(_) => Err(SYNTAX.into()),
+        Ok(line) if line <= 0 => Err("negative or zero value for level".into()),
+        Ok(_) => Ok(()),
+    }
 }
 
 /// Paths may be empty (`--config=` means "no file"), which clap's own path parser refuses.

@@ -12,6 +12,7 @@ use figment::value::{Dict, Value};
 use figment::Figment;
 use serde::Deserialize;
 
+use super::flags::{check_severity, check_trace_location, check_vmodule, parse_go_bool};
 use super::Options;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/konnectivity/server.toml";
@@ -40,13 +41,51 @@ pub struct CommandLine {
 }
 
 impl CommandLine {
+    /// Parses a command line as cobra and pflag do: an error reads as theirs do
+    /// (`unknown flag: --x`, `invalid argument "v" for "--flag" flag: ...`) followed by the usage.
     pub fn parse<I, T>(args: I) -> Result<CommandLine, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
     {
-        let matches = Options::command().try_get_matches_from(args)?;
-        let options = Options::from_arg_matches(&matches)?;
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let matches = Options::command()
+            .try_get_matches_from(&args)
+            .map_err(go_parse_error)?;
+        // klog's typed flags, checked as klog's Set does. Their defaults are not in the
+        // syntax these accept (`:0`), so only values given on the command line are checked.
+        type Check = fn(&str) -> Result<(), String>;
+        let klog: [(&str, &str, Check); 4] = [
+            ("stderrthreshold", "--stderrthreshold", check_severity),
+            (
+                "alsologtostderrthreshold",
+                "--alsologtostderrthreshold",
+                check_severity,
+            ),
+            ("vmodule", "--vmodule", check_vmodule),
+            (
+                "log_backtrace_at",
+                "--log-backtrace-at",
+                check_trace_location,
+            ),
+        ];
+        for (id, flag, check) in klog {
+            if matches.value_source(id) != Some(ValueSource::CommandLine) {
+                continue;
+            }
+            for value in matches.get_many::<String>(id).into_iter().flatten() {
+                if let Err(cause) = check(value) {
+                    return Err(usage_error(
+                        clap::error::ErrorKind::ValueValidation,
+                        &format!("invalid argument {value:?} for {flag:?} flag: {cause}"),
+                    ));
+                }
+            }
+        }
+        let mut options = Options::from_arg_matches(&matches).map_err(go_parse_error)?;
+        options.load_warnings = ignored_arguments_warning(&args, &options.ignored_args)
+            .into_iter()
+            .collect();
         let all = Value::serialize(&options)
             .ok()
             .and_then(|v| v.into_dict())
@@ -65,6 +104,103 @@ impl CommandLine {
     pub fn explicit_keys(&self) -> impl Iterator<Item = &str> {
         self.explicit.keys().map(String::as_str)
     }
+}
+
+/// The usage cobra prints after a command-line error.
+fn usage_text() -> String {
+    let mut help = Options::command().render_help().to_string();
+    if let Some(at) = help.find("Options:\n") {
+        help = format!("Flags:\n{}", &help[at + "Options:\n".len()..]);
+    }
+    format!(
+        "Usage:\n  konnectivity-server [flags]\n\n{}",
+        help.trim_end()
+    )
+}
+
+/// An error printed as `error: <message>`, then the usage, with an exit code of 1.
+fn usage_error(kind: clap::error::ErrorKind, message: &str) -> clap::Error {
+    clap::Error::raw(kind, format!("{message}\n{}\n", usage_text()))
+}
+
+/// Rewords clap's parse errors as pflag words them.
+fn go_parse_error(err: clap::Error) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let context = |kind| match err.get(kind) {
+        Some(ContextValue::String(text)) => Some(text.clone()),
+        _ => None,
+    };
+    // clap names a flag with its value placeholder (`--mode <MODE>`); pflag by its name.
+    let flag = context(ContextKind::InvalidArg).map(|arg| {
+        let name = arg
+            .split([' ', '[', '='])
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        if name == "-v" || name == "--v" {
+            "-v, --v".to_string()
+        } else {
+            name
+        }
+    });
+    let message = match (err.kind(), flag) {
+        (ErrorKind::UnknownArgument, Some(flag)) => match flag.strip_prefix("--") {
+            Some(_) => format!("unknown flag: {flag}"),
+            None => {
+                let short = flag.trim_start_matches('-');
+                let first = short.chars().next().unwrap_or('-');
+                format!("unknown shorthand flag: '{first}' in -{short}")
+            }
+        },
+        (ErrorKind::InvalidValue, Some(flag)) if matches!(err.get(ContextKind::InvalidValue), Some(ContextValue::String(v)) if v.is_empty()) =>
+        {
+            format!("flag needs an argument: {flag}")
+        }
+        (ErrorKind::InvalidValue | ErrorKind::ValueValidation, Some(flag)) => {
+            let value = context(ContextKind::InvalidValue).unwrap_or_default();
+            let cause = std::error::Error::source(&err)
+                .map(|cause| cause.to_string())
+                .unwrap_or_else(|| "invalid value".to_string());
+            format!("invalid argument {value:?} for {flag:?} flag: {cause}")
+        }
+        _ => return err,
+    };
+    usage_error(err.kind(), &message)
+}
+
+/// Upstream ignores arguments that are not flags without a word; this names them, and says
+/// how to give a bool flag a value when one follows such a flag.
+fn ignored_arguments_warning(args: &[OsString], ignored: &[String]) -> Option<String> {
+    if ignored.is_empty() {
+        return None;
+    }
+    let mut message = format!(
+        "ignoring command-line arguments that are not flags (as upstream does): {}",
+        ignored
+            .iter()
+            .map(|a| format!("{a:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let command = Options::command();
+    for pair in args.windows(2) {
+        let (flag, value) = (pair[0].to_string_lossy(), pair[1].to_string_lossy());
+        let Some(name) = flag.strip_prefix("--") else {
+            continue;
+        };
+        let takes_optional_value = command.get_arguments().any(|arg| {
+            arg.get_long() == Some(name) && arg.get_num_args().is_some_and(|n| n.min_values() == 0)
+        });
+        if takes_optional_value
+            && parse_go_bool(&value).is_some()
+            && ignored.contains(&value.to_string())
+        {
+            message.push_str(&format!(
+                "; {flag} {value} sets {flag} to true: write {flag}={value}"
+            ));
+        }
+    }
+    Some(message)
 }
 
 /// Which file to read: `--config`, else `KONNECTIVITY_SERVER_CONFIG`, else the default path
@@ -108,7 +244,7 @@ pub fn load(cli: &CommandLine) -> Result<Options, ConfigError> {
         check_file(path, &text)?;
         figment = figment.merge(Toml::string(&text));
     }
-    let (env, warnings) = env_layer(std::env::vars())?;
+    let (env, mut warnings) = env_layer(std::env::vars())?;
     figment = figment
         .merge(Serialized::globals(env))
         .merge(Serialized::globals(cli.explicit.clone()));
@@ -127,17 +263,24 @@ pub fn load(cli: &CommandLine) -> Result<Options, ConfigError> {
     options.write_config_to = cli.options.write_config_to.clone();
     options.dev = cli.options.dev;
     options.dev_state_dir = cli.options.dev_state_dir.clone();
-    options.load_warnings = warnings;
-    Ok(options)
-}
-
-/// Go's `strconv.ParseBool`, which pflag uses for bool flags.
-fn parse_go_bool(text: &str) -> Option<bool> {
-    match text {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
+    if let Ok(version @ (super::TlsVersion::Tls10 | super::TlsVersion::Tls11)) =
+        super::parse_tls_version(&options.tls_min_version)
+    {
+        let name = if version == super::TlsVersion::Tls10 {
+            "1.0"
+        } else {
+            "1.1"
+        };
+        warnings.push(format!(
+            "--tls-min-version={} asks for TLS {name}, which is insecure (RFC 8996) and not \
+             implemented here: TLS 1.2 is the lowest version served",
+            options.tls_min_version
+        ));
     }
+    options.ignored_args = cli.options.ignored_args.clone();
+    options.load_warnings = cli.options.load_warnings.clone();
+    options.load_warnings.extend(warnings);
+    Ok(options)
 }
 
 /// Settings from the environment: `PROXY_SERVER_ID` (as upstream), then
@@ -156,6 +299,7 @@ pub fn env_layer(
     // PROXY_SERVER_ID first, so our own prefixed variable overrides it.
     vars.sort_by_key(|(name, _)| name != "PROXY_SERVER_ID");
     let mut layer = Dict::new();
+    let mut service_links = Vec::new();
     for (name, raw) in vars {
         let key = if name == "PROXY_SERVER_ID" {
             "server_id".to_string()
@@ -165,6 +309,10 @@ pub fn env_layer(
             continue;
         };
         if ENV_NOT_SETTINGS.contains(&key.as_str()) {
+            continue;
+        }
+        if is_service_link(&key, &raw) && (name != "PROXY_SERVER_ID") {
+            service_links.push(name);
             continue;
         }
         let invalid = |what: &str| ConfigError::Env {
@@ -202,7 +350,64 @@ pub fn env_layer(
         };
         layer.insert(key, value);
     }
+    if !service_links.is_empty() {
+        warnings.push(format!(
+            "ignoring Kubernetes service-link environment variables, which are not settings (the \
+             kubelet sets them for a Service named konnectivity-server or \
+             konnectivity-server-<name> in the pod's namespace; enableServiceLinks: false in \
+             the pod spec stops that): {}",
+            service_links.join(", ")
+        ));
+    }
     Ok((layer, warnings))
+}
+
+/// Whether a variable is one the kubelet sets for a Service (docker-link style) rather than
+/// a setting: `<SVC>_PORT=tcp://10.96.0.6:8091`, `<SVC>_PORT_8091_TCP[_PROTO|_PORT|_ADDR]`,
+/// `<SVC>_SERVICE_HOST`, `<SVC>_SERVICE_PORT[_<NAME>]`. A Service named
+/// `konnectivity-server-agent` gives `KONNECTIVITY_SERVER_AGENT_PORT`, which is also our
+/// `agent_port` key, so the value's shape decides for `_PORT`; the other forms are never keys.
+fn is_service_link(key: &str, value: &str) -> bool {
+    if is_link_url(value) {
+        return true;
+    }
+    let service = |suffix: &str| key.starts_with(suffix) || key.contains(&format!("_{suffix}"));
+    if service("service_host") || service("service_port") {
+        return !is_setting(key);
+    }
+    // `..._port_<number>_<proto>` and its `_proto`, `_port`, `_addr` variants.
+    let words: Vec<&str> = key.split('_').collect();
+    words.windows(3).any(|w| {
+        w[0] == "port"
+            && !w[1].is_empty()
+            && w[1].bytes().all(|b| b.is_ascii_digit())
+            && matches!(w[2], "tcp" | "udp" | "sctp")
+    }) && !is_setting(key)
+}
+
+/// `tcp://host:port` (or udp, sctp), as the kubelet writes it.
+fn is_link_url(value: &str) -> bool {
+    let Some((scheme, rest)) = value.split_once("://") else {
+        return false;
+    };
+    if !matches!(scheme, "tcp" | "udp" | "sctp") {
+        return false;
+    }
+    match rest.rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty()
+                && !host.contains('/')
+                && !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+        }
+        None => false,
+    }
+}
+
+fn is_setting(key: &str) -> bool {
+    Options::command()
+        .get_arguments()
+        .any(|arg| arg.get_id().as_str() == key)
 }
 
 /// The effective settings as TOML, loadable with `--config`.

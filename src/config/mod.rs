@@ -87,12 +87,10 @@ pub fn parse_tls_version(text: &str) -> Result<TlsVersion, String> {
 /// The smallest per-tunnel queue limit: one maximum-size gRPC message must fit.
 pub const MIN_FRONTEND_QUEUE_BYTES: i64 = 4 << 20;
 
-/// Cipher suite names Go's `tls.CipherSuites()` lists (the ones upstream accepts).
+/// Cipher suite names Go's `tls.CipherSuites()` lists (the ones upstream accepts). Since Go
+/// 1.26, which upstream builds with, the `TLS_RSA_*` suites are in `InsecureCipherSuites()`
+/// instead, so upstream refuses them at validation.
 pub const GO_ACCEPTED_CIPHER_SUITES: &[&str] = &[
-    "TLS_RSA_WITH_AES_128_CBC_SHA",
-    "TLS_RSA_WITH_AES_256_CBC_SHA",
-    "TLS_RSA_WITH_AES_128_GCM_SHA256",
-    "TLS_RSA_WITH_AES_256_GCM_SHA384",
     "TLS_AES_128_GCM_SHA256",
     "TLS_AES_256_GCM_SHA384",
     "TLS_CHACHA20_POLY1305_SHA256",
@@ -304,6 +302,12 @@ impl Options {
                 self.backend_dial_timeout
             ));
         }
+        // Upstream parses the lease labels on every start, lease controller or not, and
+        // refuses to run when they do not parse (`--lease-label=` gives "empty string
+        // provided"); it does so after validation, so this comes last.
+        if !self.enable_lease_controller {
+            parse_labels(&self.lease_label).map_err(ValidationError)?;
+        }
         Ok(())
     }
 }
@@ -328,20 +332,36 @@ fn non_empty(path: &str) -> Option<PathBuf> {
 }
 
 /// A bind address as upstream forms it: `host:port`, with an empty host meaning every
-/// interface (dual-stack).
+/// interface (dual-stack). A host name is resolved as Go's `net.Listen` resolves it: the first
+/// IPv4 address, else the first address.
 fn bind_addr(host: &str, port: i64) -> Result<SocketAddr, ValidationError> {
     let port = u16::try_from(port).map_err(|_| ValidationError(format!("invalid port {port}")))?;
     if host.is_empty() {
         return Ok(SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port));
     }
-    if host == "localhost" {
-        return Ok(SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port));
-    }
     let trimmed = host.trim_start_matches('[').trim_end_matches(']');
-    trimmed
-        .parse::<IpAddr>()
-        .map(|ip| SocketAddr::new(ip, port))
-        .map_err(|_| ValidationError(format!("invalid bind address {host:?}")))
+    if let Ok(ip) = trimmed.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    use std::net::ToSocketAddrs;
+    let resolved: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| {
+            ValidationError(format!(
+                "failed to listen on {host}:{port}: lookup {host}: {e}"
+            ))
+        })?
+        .collect();
+    resolved
+        .iter()
+        .find(|addr| addr.is_ipv4())
+        .or(resolved.first())
+        .copied()
+        .ok_or_else(|| {
+            ValidationError(format!(
+                "failed to listen on {host}:{port}: lookup {host}: no such host"
+            ))
+        })
 }
 
 /// Where the frontend listens.

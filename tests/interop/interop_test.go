@@ -64,6 +64,7 @@ func allScenarios() []scenarioX {
 	all = append(all, frontendScenarios()...) // frontends_test.go
 	all = append(all, strategyScenarios()...) // strategies_test.go
 	all = append(all, holScenarios()...)      // hol_test.go
+	all = append(all, memoryScenarios()...)   // memory_test.go
 	return append(all, networkScenarios()...) // network_test.go
 }
 
