@@ -19,8 +19,16 @@ import (
 	"time"
 )
 
+// memStalled is how many tunnels stop reading; KONN_MEM_STALLED overrides it for manual
+// measurements (the closing notes give figures for 1 and 8).
+var memStalled = func() int {
+	if n, err := strconv.Atoi(os.Getenv("KONN_MEM_STALLED")); err == nil && n > 0 {
+		return n
+	}
+	return 8
+}()
+
 const (
-	memStalled       = 8
 	memBudget        = 256 << 20 // --frontend-queue-budget-bytes default
 	memSlack         = 64 << 20
 	metricQueued     = "konnectivity_network_proxy_server_frontend_queued_bytes"
@@ -134,8 +142,9 @@ func scMemory(t *testing.T, e *env, d dialer) {
 		if q := int64(m.sum(metricQueued)); q > peakQueued {
 			peakQueued, rssAtPeakQueued = q, now
 		}
-		closes := m.sum(metricBudgetClos) + m.sum(metricOverfl)
-		if closes >= memStalled && m.sum(metricEstablished) <= 1 {
+		// Closed by our budget or limits, or by the client: konnectivity-client gives up on a
+		// gRPC tunnel its application has not read for 10 s (its readTimeout).
+		if m.sum(metricEstablished) <= 1 {
 			closedAt = time.Now()
 			break
 		}
