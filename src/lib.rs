@@ -32,7 +32,7 @@ pub mod lifecycle;
 mod listen;
 mod server;
 
-pub use listen::{BindError, FrontendListener, Listeners};
+pub use listen::{BindError, FrontendListener, Inherited, Listeners};
 pub use server::{run, spawn, RunError, RunningServer};
 pub use state::{Snapshot, SnapshotError};
 

@@ -1,8 +1,9 @@
-//! Listening sockets and the accept loops that feed the servers: binding, socket options,
-//! TLS handshakes (bounded in time and in number), and back-off when accepting fails.
+//! Listening sockets and the accept loops that feed the servers: binding (or taking the
+//! sockets systemd passed, for socket activation), socket options, TLS handshakes (bounded in
+//! time and in number), and back-off when accepting fails.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +51,114 @@ pub struct Listeners {
     pub agent: TcpListener,
     pub health: TcpListener,
     pub admin: TcpListener,
+    /// A socket file this process created, removed when the server stops (upstream removes
+    /// its socket too). `None` for a socket systemd passed: systemd owns that file.
+    pub owned_uds: Option<PathBuf>,
+}
+
+/// Listening sockets systemd passed to this process (socket activation: `LISTEN_FDS`, named by
+/// `LISTEN_FDNAMES`). Each is matched to a configured listener by its name (`frontend`,
+/// `agent`, `health`, `admin`: the socket unit's `FileDescriptorName=`) or by its address.
+pub struct Inherited {
+    sockets: Vec<(socket2::Socket, String)>,
+}
+
+impl Inherited {
+    /// No inherited sockets: every listener is bound by the server itself.
+    pub fn none() -> Inherited {
+        Inherited {
+            sockets: Vec::new(),
+        }
+    }
+
+    /// Takes the sockets systemd passed to this process, if any.
+    #[allow(unsafe_code)] // a documented site: see the SAFETY note
+    pub fn from_systemd() -> Result<Inherited, BindError> {
+        let passed = sd_notify::listen_fds_with_names().map_err(|reason| BindError {
+            what: "the sockets passed by systemd",
+            addr: "(LISTEN_FDS)".into(),
+            reason,
+        })?;
+        let sockets = passed
+            .map(|(fd, name)| {
+                use std::os::fd::FromRawFd;
+                // SAFETY: systemd passes these descriptors to this process (LISTEN_PID is
+                // checked by sd_notify), open, starting at fd 3; nothing else in the process
+                // owns them, and `listen_fds_with_names` yields each once.
+                let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+                (socket2::Socket::from(owned), name)
+            })
+            .collect();
+        Ok(Inherited { sockets })
+    }
+
+    /// The passed socket named `name`, or else the one whose address `matches`.
+    fn take(
+        &mut self,
+        name: &str,
+        matches: impl Fn(&socket2::SockAddr) -> bool,
+    ) -> Option<socket2::Socket> {
+        let index = self
+            .sockets
+            .iter()
+            .position(|(_, n)| n == name)
+            .or_else(|| {
+                self.sockets
+                    .iter()
+                    .position(|(s, _)| s.local_addr().is_ok_and(|addr| matches(&addr)))
+            })?;
+        Some(self.sockets.remove(index).0)
+    }
+
+    fn take_tcp(&mut self, name: &str, want: SocketAddr) -> Option<std::net::TcpListener> {
+        let socket = self.take(name, |addr| {
+            addr.as_socket().is_some_and(|got| {
+                got == want || (want.ip().is_unspecified() && got.port() == want.port())
+            })
+        })?;
+        tracing::info!(listener = name, addr = ?socket.local_addr().ok().and_then(|a| a.as_socket()), "using the socket passed by systemd");
+        Some(socket.into())
+    }
+
+    fn take_unix(&mut self, name: &str, path: &Path) -> Option<std::os::unix::net::UnixListener> {
+        let socket = self.take(name, |addr| addr.as_pathname() == Some(path))?;
+        tracing::info!(listener = name, path = %path.display(), "using the socket passed by systemd");
+        Some(socket.into())
+    }
+
+    /// Passed sockets that match no listener are closed, with a warning naming them.
+    fn warn_unused(self) {
+        for (socket, name) in self.sockets {
+            let addr = socket.local_addr().ok();
+            let addr = addr
+                .as_ref()
+                .and_then(|a| a.as_socket().map(|s| s.to_string()))
+                .or_else(|| {
+                    addr.as_ref()
+                        .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+                })
+                .unwrap_or_default();
+            tracing::warn!(
+                name,
+                addr,
+                "systemd passed a socket that matches no listener; closing it"
+            );
+        }
+    }
+}
+
+fn tokio_tcp(
+    what: &'static str,
+    addr: SocketAddr,
+    std: std::net::TcpListener,
+) -> Result<TcpListener, BindError> {
+    std.set_nonblocking(true)
+        .and_then(|()| TcpListener::from_std(std))
+        .map_err(|reason| BindError {
+            what,
+            addr: addr.to_string(),
+            reason,
+        })
 }
 
 async fn bind_tcp(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
@@ -86,20 +195,74 @@ pub fn bind_uds(path: &Path, delete_existing: bool) -> Result<UnixListener, Bind
 impl Listeners {
     /// Binds every listener the configuration names.
     pub async fn bind(config: &Config) -> Result<Listeners, BindError> {
+        Listeners::bind_or_take(config, Inherited::none()).await
+    }
+
+    /// Takes each listener from the sockets systemd passed when one matches, and binds the
+    /// others: the same binary runs with and without a socket unit.
+    pub async fn bind_or_take(
+        config: &Config,
+        mut inherited: Inherited,
+    ) -> Result<Listeners, BindError> {
+        let mut owned_uds = None;
         let frontend = match &config.frontend_addr {
             FrontendAddr::Uds {
                 path,
                 delete_existing,
-            } => FrontendListener::Unix(bind_uds(path, *delete_existing)?),
+            } => match inherited.take_unix("frontend", path) {
+                Some(std) => {
+                    let what = "the frontend socket";
+                    let listener = std
+                        .set_nonblocking(true)
+                        .and_then(|()| UnixListener::from_std(std))
+                        .map_err(|reason| BindError {
+                            what,
+                            addr: path.display().to_string(),
+                            reason,
+                        })?;
+                    FrontendListener::Unix(listener)
+                }
+                None => {
+                    let listener = bind_uds(path, *delete_existing)?;
+                    owned_uds = Some(path.clone());
+                    FrontendListener::Unix(listener)
+                }
+            },
             FrontendAddr::Tcp(addr) => {
-                FrontendListener::Tcp(bind_tcp("the frontend port", *addr).await?)
+                let what = "the frontend port";
+                FrontendListener::Tcp(match inherited.take_tcp("frontend", *addr) {
+                    Some(std) => tokio_tcp(what, *addr, std)?,
+                    None => bind_tcp(what, *addr).await?,
+                })
             }
+        };
+        let mut tcp = |name: &'static str, what: &'static str, addr: SocketAddr| {
+            inherited
+                .take_tcp(name, addr)
+                .map(|std| tokio_tcp(what, addr, std))
+        };
+        let agent = tcp("agent", "the agent port", config.agent_addr);
+        let health = tcp("health", "the health port", config.health_addr);
+        let admin = tcp("admin", "the admin port", config.admin_addr);
+        inherited.warn_unused();
+        let agent = match agent {
+            Some(l) => l?,
+            None => bind_tcp("the agent port", config.agent_addr).await?,
+        };
+        let health = match health {
+            Some(l) => l?,
+            None => bind_tcp("the health port", config.health_addr).await?,
+        };
+        let admin = match admin {
+            Some(l) => l?,
+            None => bind_tcp("the admin port", config.admin_addr).await?,
         };
         Ok(Listeners {
             frontend,
-            agent: bind_tcp("the agent port", config.agent_addr).await?,
-            health: bind_tcp("the health port", config.health_addr).await?,
-            admin: bind_tcp("the admin port", config.admin_addr).await?,
+            agent,
+            health,
+            admin,
+            owned_uds,
         })
     }
 }

@@ -1,7 +1,7 @@
 use std::process::ExitCode;
 
 use konnectivity_server::config::{layers, CommandLine, Config, Options};
-use konnectivity_server::{dev, lifecycle, Listeners, Snapshot};
+use konnectivity_server::{dev, lifecycle, Inherited, Listeners, Snapshot};
 
 /// Prints `message` and returns upstream's exit code for a bad start.
 fn fail(message: impl std::fmt::Display) -> ExitCode {
@@ -77,7 +77,8 @@ fn main() -> ExitCode {
     };
     lifecycle::raise_nofile_limit();
     let result = runtime.block_on(async move {
-        let listeners = Listeners::bind(&config).await?;
+        let inherited = Inherited::from_systemd()?;
+        let listeners = Listeners::bind_or_take(&config, inherited).await?;
         if let Some(setup) = &dev_setup {
             eprint!("{}", setup.describe(options.agent_port));
         }

@@ -113,6 +113,8 @@ pub struct Metrics {
     pub frontend_queued_bytes: IntGauge,
     /// Beyond upstream: tunnels closed to keep the server within its queue budget.
     pub frontend_queue_budget_closes: prometheus::IntCounter,
+    /// Beyond upstream: dials that waited for an agent during --startup-dial-grace, by result.
+    startup_waits: IntCounterVec,
     /// Beyond upstream: protocol violations by peers, whose log lines are rate limited.
     pub peer_violations: IntCounterVec,
     /// Beyond upstream: the allocator's view of memory, read at each scrape.
@@ -247,6 +249,10 @@ impl Metrics {
                 ("allocator_resident_bytes", "Bytes the memory allocator holds resident in memory."),
             ]
             .map(|(name, help)| IntGauge::with_opts(opts(name, help)).expect("a valid metric definition")),
+            startup_waits: IntCounterVec::new(
+                opts("dial_startup_waits_total", "Dials that found no agent during --startup-dial-grace and waited for one, by result (agent: one connected in time; no_agent: none did)."),
+                &["result"],
+            ).expect("a valid metric definition"),
             violation_log: governor::RateLimiter::direct(violation_log_quota()),
             violations_unlogged: std::sync::atomic::AtomicU64::new(0),
             relayed_bytes: IntCounterVec::new(
@@ -333,6 +339,7 @@ impl Metrics {
             Box::new(self.frontend_queued_bytes.clone()),
             Box::new(self.frontend_queue_budget_closes.clone()),
             Box::new(self.peer_violations.clone()),
+            Box::new(self.startup_waits.clone()),
             Box::new(self.allocator_bytes[0].clone()),
             Box::new(self.allocator_bytes[1].clone()),
             Box::new(self.allocator_bytes[2].clone()),
@@ -351,6 +358,17 @@ impl Metrics {
         for c in collectors {
             r.register(c).expect("metric names are unique");
         }
+    }
+
+    /// Counts a dial that waited for an agent during the start-up grace.
+    pub fn startup_wait(&self, found: bool) {
+        let result = if found { "agent" } else { "no_agent" };
+        self.startup_waits.with_label_values(&[result]).inc();
+    }
+
+    /// Dials that waited during the start-up grace with this result (`agent`, `no_agent`).
+    pub fn startup_waits(&self, result: &str) -> u64 {
+        self.startup_waits.with_label_values(&[result]).get()
     }
 
     /// Counts a protocol violation by a peer. Returns `Some(n)` when it may be logged, `n`

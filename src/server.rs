@@ -59,6 +59,8 @@ pub struct RunningServer {
     pub shared: Arc<Shared>,
     accept_stop: CancellationToken,
     servers: TaskTracker,
+    /// The socket file to remove once stopped (see [`Listeners::owned_uds`]).
+    owned_uds: Option<std::path::PathBuf>,
 }
 
 impl RunningServer {
@@ -88,6 +90,15 @@ impl RunningServer {
         };
         if tokio::time::timeout(STOP_GRACE, stopped).await.is_err() {
             tracing::warn!("some connections did not close in time; exiting anyway");
+        }
+        // A socket file left behind would make the next start fail with "address in use"
+        // unless --delete-existing-uds-file is set; upstream removes it too.
+        if let Some(path) = &self.owned_uds {
+            if let Err(e) = std::fs::remove_file(path) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove the socket file");
+                }
+            }
         }
         tracing::info!("stopped");
     }
@@ -132,6 +143,7 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
     let shared = Arc::new(Shared::new(snapshot, metrics, authenticator));
     let accept_stop = CancellationToken::new();
     let servers = TaskTracker::new();
+    let owned_uds = listeners.owned_uds;
 
     let agents = spawn_tls_acceptor(
         &shared,
@@ -193,6 +205,7 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         shared,
         accept_stop,
         servers,
+        owned_uds,
     })
 }
 

@@ -107,6 +107,8 @@ pub struct Shared {
     /// Every tunnel's queue toward its frontend counts against this one budget.
     pub budget: Arc<QueueBudget>,
     draining: AtomicBool,
+    /// When this server started, for --startup-dial-grace.
+    started: tokio::time::Instant,
     /// Cancelled when the drain is over: every stream is then closed.
     pub hard_stop: CancellationToken,
     /// Every stream's task, so shutdown can wait for them.
@@ -132,6 +134,7 @@ impl Shared {
             snapshot: ArcSwap::from_pointee(snapshot),
             metrics,
             draining: AtomicBool::new(false),
+            started: tokio::time::Instant::now(),
             hard_stop: CancellationToken::new(),
             tasks: TaskTracker::new(),
             tunnels: TaskTracker::new(),
@@ -172,6 +175,12 @@ impl Shared {
 
     pub fn is_ready(&self) -> bool {
         !self.is_draining() && self.registry.ready()
+    }
+
+    /// How much of --startup-dial-grace is left (zero once it has passed).
+    pub fn startup_grace_left(&self) -> std::time::Duration {
+        let grace = self.snapshot().config.startup_dial_grace;
+        grace.saturating_sub(self.started.elapsed())
     }
 
     /// Marks a tunnel live for the drain until the token drops.

@@ -23,6 +23,8 @@ struct Agents {
 pub struct Registry {
     agents: Mutex<Agents>,
     metrics: Arc<Metrics>,
+    /// Woken whenever an agent stream is added: dials waiting for one look again.
+    added: tokio::sync::Notify,
 }
 
 impl Registry {
@@ -33,6 +35,7 @@ impl Registry {
                 all: Vec::new(),
             }),
             metrics,
+            added: tokio::sync::Notify::new(),
         };
         registry.update_gauges(&registry.lock());
         registry
@@ -61,6 +64,30 @@ impl Registry {
         }
         agents.all.push(agent.clone());
         self.update_gauges(&agents);
+        drop(agents);
+        self.added.notify_waiters();
+    }
+
+    /// Waits up to `limit` for an agent that serves `address`.
+    pub async fn pick_within(
+        &self,
+        address: &str,
+        limit: std::time::Duration,
+    ) -> Option<Arc<AgentSession>> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            // Registered before looking, so an agent added in between still wakes us.
+            let added = self.added.notified();
+            tokio::pin!(added);
+            added.as_mut().enable();
+            if let Some(agent) = self.pick(address) {
+                return Some(agent);
+            }
+            tokio::select! {
+                _ = &mut added => {}
+                _ = tokio::time::sleep_until(deadline) => return self.pick(address),
+            }
+        }
     }
 
     pub fn remove(&self, agent: &Arc<AgentSession>) {

@@ -225,6 +225,10 @@ pub struct Options {
     /// How long live tunnels may run after SIGTERM before they are closed. 0 closes at once.
     #[arg(long, default_value = "0s", allow_hyphen_values = true)]
     pub graceful_shutdown_timeout: GoDuration,
+    /// Beyond upstream: for this long after start, a dial that finds no agent waits for one
+    /// to connect (within --backend-dial-timeout) instead of failing at once. 0 disables it.
+    #[arg(long, default_value = "0s", allow_hyphen_values = true)]
+    pub startup_dial_grace: GoDuration,
 
     // --- beyond upstream ---
     /// Reload when the config file or a certificate, key or CA file changes.

@@ -296,6 +296,12 @@ impl Options {
                 self.graceful_shutdown_timeout
             ));
         }
+        if self.startup_dial_grace.is_negative() {
+            return fail(format!(
+                "startup-dial-grace must be >= 0, got {}",
+                self.startup_dial_grace
+            ));
+        }
         if self.backend_dial_timeout.is_negative() {
             return fail(format!(
                 "backend-dial-timeout must be >= 0, got {}",
@@ -404,6 +410,7 @@ pub struct Config {
     /// None when disabled (0).
     pub backend_dial_timeout: Option<Duration>,
     pub graceful_shutdown_timeout: Duration,
+    pub startup_dial_grace: Duration,
     pub enable_profiling: bool,
     /// Agents authenticate with a service-account token (--agent-namespace set).
     pub token_auth: bool,
@@ -536,6 +543,7 @@ impl Config {
             frontend_keepalive_time: options.frontend_keepalive_time.to_std(),
             backend_dial_timeout: nonzero(options.backend_dial_timeout),
             graceful_shutdown_timeout: options.graceful_shutdown_timeout.to_std(),
+            startup_dial_grace: options.startup_dial_grace.to_std(),
             enable_profiling: options.enable_profiling,
             token_auth: !options.agent_namespace.is_empty(),
             agent_namespace: options.agent_namespace.clone(),

@@ -101,7 +101,12 @@ async fn send_dial(
     if shared.is_draining() {
         return Err(DialError::ShuttingDown);
     }
-    let agent = shared.registry.pick(address).ok_or(DialError::NoAgent)?;
+    let agent = match shared.registry.pick(address) {
+        Some(agent) => agent,
+        None => wait_for_agent(shared, address)
+            .await
+            .ok_or(DialError::NoAgent)?,
+    };
     agent
         .add_pending(dial_id, link.clone())
         .map_err(|e| match e {
@@ -140,6 +145,26 @@ async fn send_dial(
         metrics: shared.metrics.clone(),
         _drain: drain,
     })
+}
+
+/// Just after a (re)start the agents have not reconnected yet: within --startup-dial-grace a
+/// dial that finds no agent waits for one (bounded by --backend-dial-timeout) instead of
+/// failing at once, so a restart does not fail the requests that arrive meanwhile.
+async fn wait_for_agent(shared: &Shared, address: &str) -> Option<Arc<AgentSession>> {
+    let mut limit = shared.startup_grace_left();
+    if limit.is_zero() {
+        return None;
+    }
+    if let Some(timeout) = shared.snapshot().config.backend_dial_timeout {
+        limit = limit.min(timeout);
+    }
+    tracing::debug!(%address, ?limit, "no agent yet: waiting for one (startup grace)");
+    let agent = tokio::select! {
+        agent = shared.registry.pick_within(address, limit) => agent,
+        _ = shared.hard_stop.cancelled() => None,
+    };
+    shared.metrics.startup_wait(agent.is_some());
+    agent
 }
 
 impl Dial {

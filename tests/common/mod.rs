@@ -214,6 +214,7 @@ impl Harness {
                 agent,
                 health,
                 admin,
+                owned_uds: Some(uds.clone()),
             },
         )
         .expect("server starts");
@@ -291,10 +292,15 @@ impl Harness {
             server,
             baseline_tasks,
             dir,
+            uds,
             ..
         } = self;
         let shared = server.shared.clone();
         within("shutdown", server.shutdown(Duration::ZERO)).await;
+        assert!(
+            !uds.exists(),
+            "the socket file the server created is removed when it stops"
+        );
         Stopped {
             shared,
             baseline_tasks,
