@@ -106,10 +106,11 @@ pub async fn w_limit(ctx: &Ctx) -> Result<Outcome> {
     Ok(o)
 }
 
-/// One short tunnel's result: the dial latency (None if the dial timed out) and the failure,
-/// if any. A tunnel whose dial succeeded but whose transfer or close failed keeps its latency.
+/// One short tunnel's result: the dial latency in seconds (+inf if the dial timed out, None if
+/// it failed: an error is no latency sample) and the failure, if any. A tunnel whose dial
+/// succeeded but whose transfer or close failed keeps its latency.
 pub struct ShortTry {
-    pub dial: Option<Duration>,
+    pub dial_secs: Option<f64>,
     pub failure: Option<String>,
 }
 
@@ -126,13 +127,13 @@ pub async fn short_one(
         Ok(Ok(t)) => t,
         Ok(Err(e)) => {
             return ShortTry {
-                dial: Some(t0.elapsed()),
+                dial_secs: None,
                 failure: Some(format!("{e:#}")),
             }
         }
         Err(_) => {
             return ShortTry {
-                dial: None,
+                dial_secs: Some(f64::INFINITY),
                 failure: Some(format!("dial timed out ({})", fmt_limit(limit))),
             }
         }
@@ -159,7 +160,7 @@ pub async fn short_one(
         )),
     };
     ShortTry {
-        dial: Some(lat),
+        dial_secs: Some(lat.as_secs_f64()),
         failure,
     }
 }
@@ -213,12 +214,10 @@ pub async fn w_short(ctx: &Ctx, imp: Impl, which: &str) -> Result<Outcome> {
     let elapsed = t0.elapsed().as_secs_f64();
     let b = snap(ctx, Some(&env));
     joined.context("short-tunnel clients did not finish")??;
-    // Every dial is a latency sample; a timed-out dial counts as +inf, so a percentile that
-    // lands on one is reported as ">= the timeout" (censored), never as a fast dial.
-    let mut lats: Vec<f64> = tries
-        .iter()
-        .map(|t| t.dial.map_or(f64::INFINITY, |d| d.as_secs_f64()))
-        .collect();
+    // Every answered or timed-out dial is a latency sample; a timed-out one counts as +inf, so
+    // a percentile that lands on one is reported as ">= the timeout" (censored), never as a
+    // fast dial.
+    let mut lats: Vec<f64> = tries.iter().filter_map(|t| t.dial_secs).collect();
     lats.sort_by(f64::total_cmp);
     let errs: Vec<String> = tries.iter().filter_map(|t| t.failure.clone()).collect();
     let ok = (tries.len() - errs.len()) as f64;
