@@ -1,0 +1,214 @@
+//! What each workload reports: metric keys, labels, direction and targets.
+
+pub struct MetricDef {
+    pub workload: &'static str,
+    pub key: &'static str,
+    pub label: &'static str,
+    pub higher_better: bool,
+    /// Target ratio ours/Go (<= for lower-is-better, >= for higher-is-better) and its kind.
+    pub target: Option<(f64, &'static str)>,
+}
+
+pub const fn m(
+    workload: &'static str,
+    key: &'static str,
+    label: &'static str,
+    higher_better: bool,
+    target: Option<(f64, &'static str)>,
+) -> MetricDef {
+    MetricDef {
+        workload,
+        key,
+        label,
+        higher_better,
+        target,
+    }
+}
+
+pub const DEFS: &[MetricDef] = &[
+    m(
+        "bulk",
+        "mbps",
+        "end-to-end MB/s (down+up)",
+        true,
+        Some((1.2, "aim")),
+    ),
+    m("bulk", "down_mbps", "download MB/s", true, None),
+    m("bulk", "up_mbps", "upload MB/s", true, None),
+    m(
+        "bulk",
+        "server_cpu_s_per_gib",
+        "server CPU s per GiB",
+        false,
+        Some((0.5, "target")),
+    ),
+    m(
+        "bulk",
+        "peak_rss_mib",
+        "server peak RSS MiB (VmHWM)",
+        false,
+        None,
+    ),
+    m(
+        "bulk",
+        "client_cpu_s_per_gib",
+        "CPU split: client s/GiB",
+        false,
+        None,
+    ),
+    m(
+        "bulk",
+        "agent_cpu_s_per_gib",
+        "CPU split: agent s/GiB",
+        false,
+        None,
+    ),
+    m(
+        "bulk",
+        "sink_cpu_s_per_gib",
+        "CPU split: far end s/GiB",
+        false,
+        None,
+    ),
+    m(
+        "short-single",
+        "tunnels_per_s",
+        "tunnels/s",
+        true,
+        Some((1.5, "aim")),
+    ),
+    m(
+        "short-single",
+        "dial_p50_ms",
+        "dial latency p50 ms",
+        false,
+        None,
+    ),
+    m(
+        "short-single",
+        "dial_p99_ms",
+        "dial latency p99 ms",
+        false,
+        Some((0.5, "aim")),
+    ),
+    m(
+        "short-single",
+        "server_cpu_us_per_tunnel",
+        "server CPU us per tunnel",
+        false,
+        Some((0.5, "target")),
+    ),
+    m(
+        "short-single",
+        "agent_cpu_us_per_tunnel",
+        "agent CPU us per tunnel",
+        false,
+        None,
+    ),
+    m("short-single", "errors", "failed tunnels", false, None),
+    m("short-reusable", "tunnels_per_s", "tunnels/s", true, None),
+    m(
+        "short-reusable",
+        "dial_p50_ms",
+        "dial latency p50 ms",
+        false,
+        None,
+    ),
+    m(
+        "short-reusable",
+        "dial_p99_ms",
+        "dial latency p99 ms",
+        false,
+        None,
+    ),
+    m(
+        "short-reusable",
+        "server_cpu_us_per_tunnel",
+        "server CPU us per tunnel",
+        false,
+        None,
+    ),
+    m("short-reusable", "errors", "failed tunnels", false, None),
+    m("short-connect", "tunnels_per_s", "tunnels/s", true, None),
+    m(
+        "short-connect",
+        "dial_p50_ms",
+        "dial latency p50 ms",
+        false,
+        None,
+    ),
+    m(
+        "short-connect",
+        "dial_p99_ms",
+        "dial latency p99 ms",
+        false,
+        None,
+    ),
+    m(
+        "short-connect",
+        "server_cpu_us_per_tunnel",
+        "server CPU us per tunnel",
+        false,
+        None,
+    ),
+    m("short-connect", "errors", "failed tunnels", false, None),
+    m(
+        "idle",
+        "rss_kib_per_tunnel",
+        "server RSS KiB per tunnel",
+        false,
+        Some((0.25, "target")),
+    ),
+    m(
+        "idle",
+        "rss_mib_total",
+        "server RSS MiB with all open",
+        false,
+        None,
+    ),
+    m(
+        "idle",
+        "idle_cpu_ms_per_s",
+        "server CPU while idle, ms/s",
+        false,
+        None,
+    ),
+    m(
+        "idle",
+        "open_per_s",
+        "tunnels opened per s (64 at a time)",
+        true,
+        None,
+    ),
+    m("hol", "share_pct", "active throughput share %", true, None),
+    m(
+        "hol",
+        "active_mbps_alone",
+        "10 active, MB/s, no stalled tunnel",
+        true,
+        None,
+    ),
+    m(
+        "hol",
+        "active_mbps_with_stalled",
+        "10 active, MB/s, with a stalled tunnel",
+        true,
+        None,
+    ),
+    m(
+        "hol",
+        "blocked_with_stalled",
+        "of the 10 active, blocked by the stalled tunnel",
+        false,
+        None,
+    ),
+];
+
+pub fn defs_for(workload: &str) -> Vec<&'static MetricDef> {
+    let base = if workload.starts_with("idle-") {
+        "idle"
+    } else {
+        workload
+    };
+    DEFS.iter().filter(|d| d.workload == base).collect()
+}

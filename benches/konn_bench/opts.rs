@@ -1,0 +1,129 @@
+//! Command-line options of the tool.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{anyhow, bail, Result};
+
+use crate::{GIB, MIB};
+
+/// `--client-window fixed`.
+pub static FIXED_WINDOW: AtomicBool = AtomicBool::new(false);
+
+#[derive(Clone, Debug)]
+pub struct Opts {
+    pub quick: bool,
+    pub rounds: usize,
+    pub server_bin: PathBuf,
+    pub upstream_dir: PathBuf,
+    pub out: PathBuf,
+    pub workloads: Vec<String>,
+    pub bulk_bytes: u64,
+    pub short_secs: f64,
+    /// Limit for one short tunnel (dial, transfer, close); a dial past it counts as +inf.
+    pub short_timeout_secs: f64,
+    pub short_clients: usize,
+    pub idle_counts: Vec<usize>,
+    pub idle_settle_secs: f64,
+    pub idle_secs: f64,
+    pub hol_secs: f64,
+    pub hol_active: usize,
+    pub keep_tmp: bool,
+    pub repo: PathBuf,
+}
+
+pub const ALL_WORKLOADS: &[&str] = &["bulk", "short", "idle", "hol", "limit"];
+
+pub fn usage() -> &'static str {
+    "usage: konn_bench --server-bin PATH --upstream-dir DIR [--out DIR] [--quick] [--rounds N]\n\
+     \x20      [--workloads bulk,short,idle,hol,limit] [--bulk-mib N] [--short-secs S]\n\
+     \x20      [--short-clients N] [--short-timeout S] [--idle-counts 1000,10000]\n\
+     \x20      [--idle-secs S] [--hol-secs S]\n\
+     \x20      [--client-window adaptive|fixed] [--keep-tmp] [--repo DIR]\n\
+     \x20  konn_bench farend   (internal: the far-end source/sink process)"
+}
+
+pub fn parse_opts(args: &[String]) -> Result<Opts> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut o = Opts {
+        quick,
+        rounds: if quick { 1 } else { 5 },
+        server_bin: PathBuf::new(),
+        upstream_dir: PathBuf::new(),
+        out: PathBuf::from("."),
+        workloads: ALL_WORKLOADS.iter().map(|s| s.to_string()).collect(),
+        bulk_bytes: if quick { 32 * MIB } else { GIB },
+        short_secs: if quick { 2.0 } else { 10.0 },
+        short_timeout_secs: 10.0,
+        short_clients: 64,
+        idle_counts: if quick { vec![200] } else { vec![1000, 10000] },
+        idle_settle_secs: if quick { 1.0 } else { 2.0 },
+        idle_secs: if quick { 2.0 } else { 5.0 },
+        hol_secs: if quick { 3.0 } else { 10.0 },
+        hol_active: 10,
+        keep_tmp: false,
+        repo: std::env::current_dir()?,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let (key, inline) = match a.split_once('=') {
+            Some((k, v)) if k.starts_with("--") => (k.to_string(), Some(v.to_string())),
+            _ => (a.clone(), None),
+        };
+        let mut val = || -> Result<String> {
+            match &inline {
+                Some(v) => Ok(v.clone()),
+                None => it
+                    .next()
+                    .cloned()
+                    .ok_or_else(|| anyhow!("{key} needs a value")),
+            }
+        };
+        match key.as_str() {
+            "--quick" | "--bench" => {}
+            "--keep-tmp" => o.keep_tmp = true,
+            "--rounds" => o.rounds = val()?.parse()?,
+            "--server-bin" => o.server_bin = val()?.into(),
+            "--upstream-dir" => o.upstream_dir = val()?.into(),
+            "--out" => o.out = val()?.into(),
+            "--repo" => o.repo = val()?.into(),
+            "--workloads" => {
+                o.workloads = val()?.split(',').map(|s| s.trim().to_string()).collect();
+                for w in &o.workloads {
+                    if !ALL_WORKLOADS.contains(&w.as_str()) {
+                        bail!("unknown workload {w:?} (known: {ALL_WORKLOADS:?})");
+                    }
+                }
+            }
+            "--bulk-mib" => o.bulk_bytes = val()?.parse::<u64>()? * MIB,
+            "--short-secs" => o.short_secs = val()?.parse()?,
+            "--short-timeout" => o.short_timeout_secs = val()?.parse()?,
+            "--short-clients" => o.short_clients = val()?.parse()?,
+            "--idle-counts" => {
+                o.idle_counts = val()?
+                    .split(',')
+                    .map(|s| s.trim().parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--idle-secs" => o.idle_secs = val()?.parse()?,
+            "--hol-secs" => o.hol_secs = val()?.parse()?,
+            "--client-window" => match val()?.as_str() {
+                "adaptive" => FIXED_WINDOW.store(false, Ordering::Relaxed),
+                "fixed" => FIXED_WINDOW.store(true, Ordering::Relaxed),
+                v => bail!("--client-window adaptive|fixed, not {v:?}"),
+            },
+            "-h" | "--help" => {
+                println!("{}", usage());
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?}\n{}", usage()),
+        }
+    }
+    if o.server_bin.as_os_str().is_empty() || o.upstream_dir.as_os_str().is_empty() {
+        bail!("--server-bin and --upstream-dir are required\n{}", usage());
+    }
+    if o.rounds == 0 {
+        bail!("--rounds must be >= 1");
+    }
+    Ok(o)
+}

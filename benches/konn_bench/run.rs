@@ -1,0 +1,286 @@
+//! Orchestration: the far end, the jobs of each round (servers alternating) and their deadlines.
+
+use std::collections::{BTreeSet, HashSet};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use konnectivity_server::tls::DevPki;
+
+use crate::env::{Ctx, Impl};
+use crate::opts::Opts;
+use crate::output::{machine_info, render_markdown, write_json, write_ratios_csv};
+use crate::procs::{set_pdeathsig, Ports, Proc};
+use crate::report::summary_tables;
+use crate::results::{fmt_num, Metrics, Record};
+use crate::workloads::{w_bulk, w_hol, w_idle, w_limit, w_short, Outcome};
+
+pub struct Job {
+    pub workload: String,
+    pub imp: Option<Impl>,
+}
+
+pub fn jobs_for_round(opts: &Opts, round: usize) -> Vec<Job> {
+    let order = if round % 2 == 1 {
+        [Impl::Ours, Impl::Go]
+    } else {
+        [Impl::Go, Impl::Ours]
+    };
+    let mut out = Vec::new();
+    for w in &opts.workloads {
+        let names: Vec<String> = match w.as_str() {
+            "bulk" => vec!["bulk".into()],
+            "short" => vec![
+                "short-single".into(),
+                "short-reusable".into(),
+                "short-connect".into(),
+            ],
+            "idle" => opts
+                .idle_counts
+                .iter()
+                .map(|n| format!("idle-{n}"))
+                .collect(),
+            "hol" => vec!["hol".into()],
+            "limit" => {
+                out.push(Job {
+                    workload: "limit".into(),
+                    imp: None,
+                });
+                continue;
+            }
+            _ => unreachable!(),
+        };
+        for name in names {
+            for imp in order {
+                out.push(Job {
+                    workload: name.clone(),
+                    imp: Some(imp),
+                });
+            }
+        }
+    }
+    out
+}
+
+pub fn job_deadline(opts: &Opts, w: &str) -> Duration {
+    let s = match w {
+        "bulk" | "limit" => 60.0 + 2.0 * opts.bulk_bytes as f64 / 5e6,
+        w if w.starts_with("short") => 60.0 + opts.short_secs,
+        w if w.starts_with("idle") => {
+            let n: f64 = w.trim_start_matches("idle-").parse().unwrap_or(1000.0);
+            120.0 + n / 50.0 + opts.idle_secs + opts.idle_settle_secs
+        }
+        "hol" => 120.0 + 2.0 * opts.hol_secs,
+        _ => 300.0,
+    };
+    Duration::from_secs_f64(s)
+}
+
+pub async fn run_job(ctx: &Ctx, w: &str, imp: Option<Impl>) -> Result<Outcome> {
+    match (w, imp) {
+        ("limit", _) => w_limit(ctx).await,
+        ("bulk", Some(i)) => w_bulk(ctx, i).await,
+        ("hol", Some(i)) => w_hol(ctx, i).await,
+        (s, Some(i)) if s.starts_with("short-") => w_short(ctx, i, &s["short-".len()..]).await,
+        (s, Some(i)) if s.starts_with("idle-") => w_idle(ctx, i, s["idle-".len()..].parse()?).await,
+        _ => bail!("unknown job {w}"),
+    }
+}
+
+pub fn brief(m: &Metrics, censored: &BTreeSet<String>) -> String {
+    let keys = [
+        ("mbps", "MB/s"),
+        ("server_cpu_s_per_gib", "srv s/GiB"),
+        ("peak_rss_mib", "peak MiB"),
+        ("tunnels_per_s", "tun/s"),
+        ("dial_p99_ms", "p99 ms"),
+        ("server_cpu_us_per_tunnel", "srv us/tun"),
+        ("rss_kib_per_tunnel", "KiB/tun"),
+        ("idle_cpu_ms_per_s", "idle ms/s"),
+        ("share_pct", "share %"),
+        ("blocked_with_stalled", "blocked"),
+    ];
+    keys.iter()
+        .filter_map(|(k, l)| {
+            let bound = if censored.contains(*k) { "≥ " } else { "" };
+            m.get(*k).map(|v| format!("{l} {bound}{}", fmt_num(*v)))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub async fn run(opts: Opts) -> Result<i32> {
+    let started = Instant::now();
+    let go_server = opts.upstream_dir.join("proxy-server");
+    let agent_bin = opts.upstream_dir.join("proxy-agent");
+    for b in [&opts.server_bin, &go_server, &agent_bin] {
+        if !b.is_file() {
+            bail!("missing binary {}", b.display());
+        }
+    }
+    std::fs::create_dir_all(&opts.out)?;
+    let tmp = std::env::temp_dir().join(format!("konn-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    // A fresh directory: DevPki::ensure generates the CA, the server certificate (SANs
+    // localhost, 127.0.0.1, ::1) and the agent client certificate.
+    let (certs, _) = DevPki::ensure(&tmp.join("pki")).context("generate the dev PKI")?;
+
+    // The far end: this binary in its own process.
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(&exe);
+    cmd.arg("farend")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(tmp.join("farend.log"))?);
+    set_pdeathsig(&mut cmd);
+    let mut far_child = cmd.spawn().context("spawn far end")?;
+    let stdout = far_child.stdout.take().unwrap();
+    let (ptx, prx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = ptx.send(line);
+    });
+    let line = prx
+        .recv_timeout(Duration::from_secs(10))
+        .context("far end did not report its port")?;
+    let port: u16 = line
+        .trim()
+        .strip_prefix("PORT ")
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| anyhow!("far end said {line:?}"))?;
+    let far_pid = far_child.id();
+    let far_guard = Proc {
+        name: "farend".into(),
+        child: far_child,
+        log: tmp.join("farend.log"),
+    };
+
+    let ctx = Ctx {
+        opts: opts.clone(),
+        tmp: tmp.clone(),
+        certs,
+        ports: Mutex::new(Ports {
+            used: HashSet::from([port]),
+            rng: fastrand::Rng::with_seed(std::process::id() as u64 ^ 0x6b6f6e6e),
+        }),
+        far: SocketAddr::from(([127, 0, 0, 1], port)),
+        far_pid,
+        seeds: AtomicU64::new(0x1234_5678),
+        go_server,
+        agent_bin,
+        env_counter: AtomicU64::new(0),
+    };
+    eprintln!(
+        "konn_bench: {} mode, {} round(s), workloads {:?}; far end 127.0.0.1:{port}; work dir {}",
+        if opts.quick { "quick" } else { "full" },
+        opts.rounds,
+        opts.workloads,
+        tmp.display()
+    );
+
+    let mut records: Vec<Record> = Vec::new();
+    let mut failed = false;
+    for round in 1..=opts.rounds {
+        for job in jobs_for_round(&opts, round) {
+            let who = job.imp.map(|i| i.name()).unwrap_or("direct");
+            let t0 = Instant::now();
+            let r = tokio::time::timeout(
+                job_deadline(&opts, &job.workload),
+                run_job(&ctx, &job.workload, job.imp),
+            )
+            .await;
+            let secs = t0.elapsed().as_secs_f64();
+            let failure = |error: String| Record {
+                workload: job.workload.clone(),
+                imp: who.into(),
+                round,
+                metrics: Metrics::new(),
+                censored: Default::default(),
+                samples: Default::default(),
+                error: Some(error),
+                notes: vec![],
+                secs,
+            };
+            let rec = match r {
+                Ok(Ok(o)) => {
+                    let error = (!o.failures.is_empty()).then(|| o.failures.join("; "));
+                    eprintln!(
+                        "[round {round}/{}] {:<15} {:<6} {:>6.1}s  {}{}{}",
+                        opts.rounds,
+                        job.workload,
+                        who,
+                        secs,
+                        if error.is_some() { "FAILED: " } else { "" },
+                        brief(&o.metrics, &o.censored),
+                        match (&error, o.notes.is_empty()) {
+                            (Some(e), _) => format!("  (failures: {e})"),
+                            (None, false) => format!("  (notes: {})", o.notes.join("; ")),
+                            (None, true) => String::new(),
+                        }
+                    );
+                    Record {
+                        workload: job.workload.clone(),
+                        imp: who.into(),
+                        round,
+                        metrics: o.metrics,
+                        censored: o.censored,
+                        samples: o.samples,
+                        error,
+                        notes: o.notes,
+                        secs,
+                    }
+                }
+                Ok(Err(e)) => {
+                    eprintln!(
+                        "[round {round}/{}] {:<15} {:<6} FAILED after {secs:.1}s: {e:#}",
+                        opts.rounds, job.workload, who
+                    );
+                    failure(format!("{e:#}"))
+                }
+                Err(_) => {
+                    eprintln!(
+                        "[round {round}/{}] {:<15} {:<6} TIMED OUT after {secs:.1}s",
+                        opts.rounds, job.workload, who
+                    );
+                    failure(format!("timed out after {secs:.0} s"))
+                }
+            };
+            failed |= rec.error.is_some();
+            records.push(rec);
+        }
+    }
+    drop(far_guard);
+    let total = started.elapsed().as_secs_f64();
+
+    let info = machine_info(&opts);
+    write_json(&opts, &records, &info, total)?;
+    let md = render_markdown(&opts, &records, &info, total);
+    std::fs::write(opts.out.join("RESULTS.md"), &md)?;
+    write_ratios_csv(&opts, &records)?;
+    print!("{}", summary_tables(&opts, &records));
+    eprintln!(
+        "konn_bench: wrote {} ({:.0} s of benchmarks)",
+        opts.out.join("RESULTS.md").display(),
+        total
+    );
+    if failed {
+        let n = records.iter().filter(|r| r.error.is_some()).count();
+        eprintln!(
+            "konn_bench: FAILED: {n} of {} workload runs failed (see {})",
+            records.len(),
+            opts.out.join("RESULTS.md").display()
+        );
+    }
+    if failed || opts.keep_tmp {
+        eprintln!("konn_bench: logs kept in {}", tmp.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    Ok(if failed { 1 } else { 0 })
+}
