@@ -13,6 +13,7 @@
 //! Processes: every child (servers, agents, far end) is spawned from the main thread with
 //! PR_SET_PDEATHSIG=SIGKILL and is killed (SIGKILL + wait) when its guard drops, so nothing
 //! outlives the tool, also on error or timeout. Every wait has a deadline.
+#![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
 mod env;
 mod farend;

@@ -55,6 +55,7 @@ impl Proc {
 }
 
 impl Drop for Proc {
+    #[allow(unsafe_code)] // a documented site: see the SAFETY note
     fn drop(&mut self) {
         // SAFETY: plain kill(2) on the process group this child leads (setpgid in pre_exec).
         unsafe {
@@ -65,6 +66,7 @@ impl Drop for Proc {
     }
 }
 
+#[allow(unsafe_code)] // a documented site: see the SAFETY note
 pub fn set_pdeathsig(cmd: &mut Command) {
     // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
     unsafe {
@@ -100,6 +102,7 @@ pub fn self_cpu_secs() -> f64 {
     cpu_secs(std::process::id())
 }
 
+#[allow(unsafe_code)] // a documented site: see the SAFETY note
 pub fn clk_tck() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
