@@ -877,15 +877,21 @@ async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_fi
     let mut small = h.establish(&fe, &mut agent, 292, 2).await;
     let mut large = h.establish(&fe, &mut agent, 293, 3).await;
     let chunk = bytes::Bytes::from(vec![7u8; 1 << 20]);
-    // A frontend counts as not reading once it took nothing for 250 ms: let both idle ones
-    // pass that (time only grows, so this cannot be too short under load).
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    // 8 MiB for one idle frontend, then more for another until the budget closes one: every
-    // delivery past the budget closes the idle tunnel holding the most, never the reader.
+    // 8 MiB for one idle frontend and 20 MiB for another: 28 MiB, under the budget. Part of
+    // each goes into the client's HTTP/2 window (the frontend "takes" it) until that is full.
     for _ in 0..8 {
         agent.send(data(2, chunk.clone())).await;
     }
-    let mut sent_large = 0;
+    for _ in 0..20 {
+        agent.send(data(3, chunk.clone())).await;
+    }
+    assert_eq!(h.metrics().frontend_queue_budget_closes.get(), 0);
+    // A frontend counts as not reading once it took nothing for 250 ms: let both idle ones
+    // pass that (time only grows, so this cannot be too short under load).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // More for the larger one until the budget closes a tunnel: it closes the idle tunnel
+    // holding the most, never the reader.
+    let mut sent_large = 20;
     while h.metrics().frontend_queue_budget_closes.get() == 0 {
         assert!(sent_large < 96, "the budget never closed a tunnel");
         agent.send(data(3, chunk.clone())).await;
