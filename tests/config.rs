@@ -397,38 +397,28 @@ fn deployment_template_passes_check_config_with_certificates_in_place() {
     assert_eq!(out.stdout.lines().count(), 1, "one line: {}", out.stdout);
 }
 
-/// The flag names of the upstream proxy-server we replace, read from its --help.
-fn upstream_flags() -> Vec<(String, String)> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/reference/proxy-server-help.txt"
-    );
-    let text = std::fs::read_to_string(path)
-        .expect("../shared/reference/proxy-server-help.txt is present");
+/// One flag of the upstream proxy-server we replace: name, type and default, from
+/// tests/fixtures/upstream-flags.tsv (upstream's `--help`, written down as a table).
+struct UpstreamFlag {
+    name: String,
+    kind: String,
+    default: String,
+}
+
+fn upstream_flags() -> Vec<UpstreamFlag> {
+    let text = include_str!("fixtures/upstream-flags.tsv");
     text.lines()
-        .filter_map(|line| {
-            let line = line.trim_start();
-            let rest = line
-                .strip_prefix("-h, ")
-                .or_else(|| line.strip_prefix("-v, "))
-                .unwrap_or(line);
-            let rest = rest.strip_prefix("--")?;
-            let mut words = rest.split_whitespace();
-            let name = words.next()?.to_string();
-            const TYPES: &[&str] = &[
-                "string",
-                "strings",
-                "int",
-                "uint",
-                "float32",
-                "duration",
-                "severity",
-                "traceLocation",
-                "Level",
-                "moduleSpec",
-            ];
-            let kind = words.next().filter(|w| TYPES.contains(w)).unwrap_or("bool");
-            Some((name, kind.to_string()))
+        .filter(|line| !line.starts_with('#') && !line.starts_with("name\t"))
+        .map(|line| {
+            let mut cols = line.split('\t');
+            let mut next = || cols.next().unwrap_or_default().to_string();
+            let (name, kind, default) = (next(), next(), next());
+            assert!(!name.is_empty() && !kind.is_empty(), "bad fixture line {line:?}");
+            UpstreamFlag {
+                name,
+                kind,
+                default,
+            }
         })
         .collect()
 }
@@ -440,7 +430,7 @@ fn every_upstream_flag_is_listed_and_accepted() {
     let help = run(&["--help"], &[]);
     assert_eq!(help.code, 0);
     let mut args = vec!["--config=".to_string(), "--write-config-to=-".to_string()];
-    for (name, kind) in &flags {
+    for UpstreamFlag { name, kind, .. } in &flags {
         assert!(
             help.stdout.contains(&format!("--{name}")),
             "--help lacks --{name}"
