@@ -61,10 +61,11 @@ func allScenarios() []scenarioX {
 		all = append(all, scenarioX{scenario: sc})
 	}
 	all = append(all, lifecycleScenarios()...)
-	all = append(all, frontendScenarios()...) // frontends_test.go
-	all = append(all, strategyScenarios()...) // strategies_test.go
-	all = append(all, holScenarios()...)      // hol_test.go
-	return append(all, networkScenarios()...) // network_test.go
+	all = append(all, frontendScenarios()...)   // frontends_test.go
+	all = append(all, strategyScenarios()...)   // strategies_test.go
+	all = append(all, holScenarios()...)        // hol_test.go
+	all = append(all, clientCertScenarios()...) // clientcert_test.go
+	return append(all, networkScenarios()...)   // network_test.go
 }
 
 func scenarios() []scenario {
@@ -174,7 +175,7 @@ func libSingleRequest(t *testing.T, e *env, addr string) {
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
 	code, body, err := httpGetVia(ctx, e.singleUse(), addr, "/success")
-	if err != nil || code != 200 || len(body) == 0 {
+	if err != nil || code != 200 || !strings.Contains(body, successPage) {
 		t.Fatalf("GET /success through single-use tunnel: code=%d len=%d err=%v", code, len(body), err)
 	}
 }
@@ -188,13 +189,8 @@ func scSingleRequest(t *testing.T, e *env) {
 	}
 	// The upstream test-client binary (client.CreateSingleUseGrpcTunnel over the UDS).
 	_, port, _ := net.SplitHostPort(addr)
-	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, e.bins.testClient, "--mode=grpc", "--proxy-uds="+e.sock, "--proxy-host=",
-		"--proxy-port=0", "--request-host=127.0.0.1", "--request-port="+port, "--request-path=success").CombinedOutput()
-	if err != nil {
-		t.Fatalf("proxy-test-client failed: %v\n%s", err, tailStr(string(out), 20))
-	}
+	runTestClient(t, e, "--mode=grpc", "--proxy-uds="+e.sock, "--proxy-host=",
+		"--proxy-port=0", "--request-host=127.0.0.1", "--request-port="+port, "--request-path=success")
 }
 
 func scReusableTunnel(t *testing.T, e *env) {

@@ -499,10 +499,12 @@ func startKubeServer(t *testing.T, impl, bin string, bins binaries, o kubeServer
 			"--server-id="+o.serverID, "--server-count=1")
 		args = append(args, o.extra...)
 		e.server = startProc(t, fmt.Sprintf("server-%s-%s-%d", impl, o.serverID, attempt), dir, bin, args...)
+		watchServer(t, e.server)
 		err := e.waitServerUp(20 * time.Second)
 		if err == nil {
 			break
 		}
+		e.server.exitExpected.Store(true) // a failed start is reported below, not by watchServer
 		if attempt < 3 && e.server.exited() && strings.Contains(e.server.log(), "address already in use") {
 			continue
 		}
