@@ -16,14 +16,82 @@ import (
 	"math/big"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/metadata"
 )
 
 func clientCertScenarios() []scenarioX {
 	return []scenarioX{
 		{scenario: scenario{"agent_port_client_cert", scAgentPortClientCert}},
+		{scenario: scenario{"agent_metadata_rejections", scAgentMetadataRejections}},
+	}
+}
+
+// metadataCases: how an agent's Connect metadata can be malformed. want is the exact gRPC
+// status message tests/tunnel.rs expects from ours (misbehaving_agent_*); the same table is
+// asserted against the upstream binary, and the upstream run also diffs every code and
+// message against ours' (metadataSeen).
+var metadataCases = []struct {
+	name string
+	md   metadata.MD
+	want string // "" = accepted; a trailing "*" = prefix match
+}{
+	{"two_agent_ids", metadata.Pairs("agentid", "a", "agentid", "b"), "expected one agent ID in the context, got [a b]"},
+	{"no_agent_id", metadata.MD{}, "expected one agent ID in the context, got []"},
+	{"empty_agent_id", metadata.Pairs("agentid", ""), ""},
+	{"malformed_identifiers", metadata.Pairs("agentid", "a", "agentidentifiers", "host=%zz"), "fail to parse url encoded string: *"},
+	{"two_identifier_sets", metadata.Pairs("agentid", "a", "agentidentifiers", "host=x", "agentidentifiers", "host=y"),
+		"expected at most one set of agent identifiers in the context, got [host=x host=y]"},
+	{"unknown_identifier_keys", metadata.Pairs("agentid", "a", "agentidentifiers", "host=localhost&ipv4=10.0.0.1&default-route=true&future-key=1"), ""},
+}
+
+var (
+	metadataMu   sync.Mutex
+	metadataSeen = map[string]map[string]connectResult{} // impl -> case -> result
+)
+
+func scAgentMetadataRejections(t *testing.T, e *env) {
+	cs := getCerts(t)
+	cert, err := tls.LoadX509KeyPair(cs.agentCert, cs.agentKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]connectResult{}
+	for _, c := range metadataCases {
+		r := rawConnectWith(e.ctx, t, e.agentPort, c.md, []tls.Certificate{cert})
+		got[c.name] = r
+		t.Logf("METADATA[%s] %s: ok=%v code=%s message=%q", e.impl, c.name, r.OK, r.Code, r.Message)
+		switch {
+		case c.want == "":
+			if !r.OK {
+				t.Errorf("%s: want accepted, got %s %q", c.name, r.Code, r.Message)
+			}
+		case strings.HasSuffix(c.want, "*"):
+			if r.OK || r.Code != "Unknown" || !strings.HasPrefix(r.Message, strings.TrimSuffix(c.want, "*")) {
+				t.Errorf("%s: want Unknown %q..., got ok=%v %s %q", c.name, strings.TrimSuffix(c.want, "*"), r.OK, r.Code, r.Message)
+			}
+		default:
+			if r.OK || r.Code != "Unknown" || r.Message != c.want {
+				t.Errorf("%s: want Unknown %q, got ok=%v %s %q", c.name, c.want, r.OK, r.Code, r.Message)
+			}
+		}
+	}
+	metadataMu.Lock()
+	defer metadataMu.Unlock()
+	metadataSeen[e.impl] = got
+	ours, upstream := metadataSeen["ours"], metadataSeen["upstream"]
+	if ours == nil || upstream == nil {
+		return
+	}
+	for _, c := range metadataCases {
+		o, u := ours[c.name], upstream[c.name]
+		if o.OK != u.OK || o.Code != u.Code || o.Message != u.Message {
+			t.Errorf("%s: ours ok=%v %s %q, upstream ok=%v %s %q", c.name, o.OK, o.Code, o.Message, u.OK, u.Code, u.Message)
+		}
 	}
 }
 

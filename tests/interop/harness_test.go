@@ -632,9 +632,11 @@ func newEnv(t *testing.T, impl, serverBin string, bins binaries) *env {
 	return newEnvWith(t, impl, serverBin, bins, envOpts{})
 }
 
-func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpts) *env {
+// scenarioDir is the one temporary directory helper of the harness: a fresh directory named
+// prefix*, removed when the test passes and kept (and named in the log) when it fails.
+func scenarioDir(t *testing.T, prefix string) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "konn-")
+	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -645,6 +647,12 @@ func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpt
 		}
 		os.RemoveAll(dir)
 	})
+	return dir
+}
+
+func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpts) *env {
+	t.Helper()
+	dir := scenarioDir(t, "konn-")
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e := &env{t: t, impl: impl, bins: bins, dir: dir, sock: filepath.Join(dir, "konn.sock"), ctx: ctx,
