@@ -182,7 +182,7 @@ fn validation_cases(f: &Files) -> Vec<(Vec<String>, String)> {
     let u = uds.as_str();
     let missing_msg =
         |what: &str| format!("error checking {what} {m}, got stat {m}: no such file or directory");
-    let cases: Vec<(Vec<String>, String)> = vec![
+    vec![
         (vec![format!("--server-key={m}")], missing_msg("server key")),
         (vec![format!("--server-key={e}")], format!("cannot have server cert empty when server key is set to \"{e}\"")),
         (vec![format!("--server-cert={m}")], missing_msg("server cert")),
@@ -263,12 +263,18 @@ fn upstream_server() -> Option<PathBuf> {
         Some(dir) => PathBuf::from(dir),
         None => {
             if Command::new("go").arg("version").output().is_err() {
-                assert!(!ci, "CI=true: Go is needed to build the upstream proxy-server");
+                assert!(
+                    !ci,
+                    "CI=true: Go is needed to build the upstream proxy-server"
+                );
                 eprintln!("SKIPPED: Go is not installed; cannot build the upstream proxy-server");
                 return None;
             }
             let out = Command::new("bash")
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/build.sh"))
+                .arg(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/tests/interop/build.sh"
+                ))
                 .output()
                 .expect("bash runs build.sh");
             assert!(
@@ -277,7 +283,13 @@ fn upstream_server() -> Option<PathBuf> {
                 String::from_utf8_lossy(&out.stderr)
             );
             let stdout = String::from_utf8_lossy(&out.stdout);
-            PathBuf::from(stdout.lines().last().expect("build.sh prints its directory").trim())
+            PathBuf::from(
+                stdout
+                    .lines()
+                    .last()
+                    .expect("build.sh prints its directory")
+                    .trim(),
+            )
         }
     };
     Some(dir.join("proxy-server"))
@@ -319,9 +331,15 @@ fn validation_messages_match_the_upstream_binary() {
         let theirs = first_error
             .strip_prefix("failed to validate server options with ")
             .unwrap_or(&first_error);
-        assert_eq!(out.status.code(), Some(1), "args {args:?}: upstream exit\n{stderr}");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "args {args:?}: upstream exit\n{stderr}"
+        );
         if theirs != ours {
-            differences.push(format!("args {args:?}\n  upstream: {theirs}\n  ours:     {ours}"));
+            differences.push(format!(
+                "args {args:?}\n  upstream: {theirs}\n  ours:     {ours}"
+            ));
         }
     }
     assert!(compared > 30, "only {compared} cases compared");
@@ -505,7 +523,10 @@ fn upstream_flags() -> Vec<UpstreamFlag> {
             let mut cols = line.split('\t');
             let mut next = || cols.next().unwrap_or_default().to_string();
             let (name, kind, default) = (next(), next(), next());
-            assert!(!name.is_empty() && !kind.is_empty(), "bad fixture line {line:?}");
+            assert!(
+                !name.is_empty() && !kind.is_empty(),
+                "bad fixture line {line:?}"
+            );
             UpstreamFlag {
                 name,
                 kind,
@@ -555,4 +576,40 @@ fn every_upstream_flag_is_listed_and_accepted() {
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stderr.contains("deprecated"), "{}", out.stderr);
+}
+
+#[test]
+fn every_upstream_default_is_ours() {
+    // The effective configuration with nothing set holds upstream's defaults, flag by flag
+    // (the TOML key is the flag name in snake_case).
+    let table = effective(&["--config="], &[]);
+    for UpstreamFlag {
+        name,
+        kind,
+        default,
+    } in upstream_flags()
+    {
+        if name == "help" || name == "server-id" {
+            continue; // no setting; a fresh UUID per start
+        }
+        let key = name.replace('-', "_");
+        let value = table
+            .get(&key)
+            .unwrap_or_else(|| panic!("--{name} ({key}) is not in the effective configuration"));
+        let ours = match value {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Array(a) if a.is_empty() => String::new(),
+            other => panic!("--{name}: unexpected value {other:?}"),
+        };
+        let upstream = match (kind.as_str(), default.as_str()) {
+            ("bool", "") => "false".to_string(),
+            ("int" | "uint" | "float32", "") => "0".to_string(),
+            ("duration", "") => "0s".to_string(),
+            (_, d) => d.to_string(),
+        };
+        assert_eq!(ours, upstream, "default of --{name} ({kind})");
+    }
 }

@@ -72,7 +72,9 @@ pub async fn eventually(
 // ---------------------------------------------------------------------------------------------
 // Packets: the library's wire vocabulary under the short names the tests use.
 
+#[allow(unused_imports)] // each test binary uses its own subset
 pub use konnectivity_server::wire;
+#[allow(unused_imports)]
 pub use konnectivity_server::wire::{
     close_request as close_req, close_response as close_rsp, data, dial_close as dial_cls,
     dial_request as dial_req, dial_response as dial_rsp, packet as pkt,
