@@ -15,6 +15,8 @@
 #                     (last stdout line of tests/interop/build.sh). When set, an upstream agent
 #                     on the host connects into the container and tunnels are checked,
 #                     including a tunnel that stays up across a certificate reload.
+#   REQUIRE_TUNNEL=1  (set by .ci/run; implied by CI=true) the tunnel checks are required: a
+#                     missing INTEROP_BIN_DIR or binary is a failed check, not a silent skip.
 #   NSPAWN_CACHE      rootfs cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/konnectivity-nspawn)
 #   DEBIAN_MIRROR     mirror for debootstrap (default: first URI in /etc/apt/sources.list.d/debian.sources)
 #   KEEP_SCRATCH=1    keep the scratch directory (overlay upper dir, logs) for debugging
@@ -350,12 +352,15 @@ step_end
 
 # ------------------------------------------------------------------------------ tunnel (optional)
 INTEROP=0
+if [[ "${REQUIRE_TUNNEL:-}" == 1 || "${CI:-}" == true ]] && [[ -z "${INTEROP_BIN_DIR:-}" ]]; then
+  fail "tunnel checks required (REQUIRE_TUNNEL=1 or CI=true) but INTEROP_BIN_DIR is not set"
+fi
 if [[ -n "${INTEROP_BIN_DIR:-}" ]]; then
   step_begin "upstream agent on the host -> container; tunnel over the UDS"
   INTEROP=1
   B="$INTEROP_BIN_DIR"
   for b in proxy-agent http-test-server proxy-test-client; do
-    [[ -x "$B/$b" ]] || { fail "INTEROP_BIN_DIR has no $b"; INTEROP=0; }
+    [[ -x "$B/$b" ]] || { fail "INTEROP_BIN_DIR ($B) has no executable $b: tunnel checks cannot run"; INTEROP=0; }
   done
   if [[ $INTEROP -eq 1 ]]; then
     "$B/http-test-server" --server-port="$TEST_SERVER_PORT" >"$SCRATCH/host/http-test-server.log" 2>&1 &
@@ -376,6 +381,18 @@ if [[ -n "${INTEROP_BIN_DIR:-}" ]]; then
         && grep -q 'The success test page' "$SCRATCH/host/proxy-test-client-$2.log"
     }
     check "proxy-test-client GET /success through the tunnel (UDS -> server -> agent -> host)" tunnel_get success first
+    established() { # <n>: the server counts exactly n established tunnels
+      curl -s --max-time 3 "http://127.0.0.1:$HEALTH_PORT/metrics" |
+        grep -qx "konnectivity_network_proxy_server_established_connections $1"
+    }
+    # Starts the 10 s /sleep request through a fresh tunnel in the background (LONG_PID) and
+    # waits until the server counts it as established, so the step after it really happens
+    # while the tunnel is open.
+    long_tunnel_open() { # <log name>
+      T_LONG=$(now); tunnel_get sleep "$1" & LONG_PID=$!
+      check "long tunnel ($1) established before the step under test (established_connections 1)" \
+        wait_for 8 established 1
+    }
   fi
   step_end
 fi
@@ -386,8 +403,7 @@ PID_BEFORE="$(main_pid)"
 check "fresh handshake presents serial 1001 before" serial_is 1001
 if [[ $INTEROP -eq 1 ]]; then
   # A tunnel that is open across the reload: http-test-server's /sleep answers after 10 s.
-  T_LONG=$(now); tunnel_get sleep long & LONG_PID=$!
-  sleep 1
+  long_tunnel_open long
 fi
 install_pki 1002
 OUT="$(c timeout 60 systemctl reload "$UNIT" 2>&1)"; RC=$?
@@ -470,9 +486,8 @@ PID_BEFORE="$(main_pid)"
 echo "# edited by nspawn-test" >>"$CROOT/etc/konnectivity/server.toml"
 if [[ $INTEROP -eq 1 ]]; then
   # A tunnel open across the package upgrade (the agent reconnects after the earlier restarts).
-  wait_for 20 code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
-  T_LONG=$(now); tunnel_get sleep upgrade & LONG_PID=$!
-  sleep 1
+  check "agent reconnected before the upgrade (/readyz 200)" wait_for 20 code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
+  long_tunnel_open upgrade
 fi
 SUM_CONF="$(sha256sum <"$CROOT/etc/konnectivity/server.toml")"; SUM_DEF="$(sha256sum <"$CROOT/etc/default/konnectivity-server")"
 OUT="$(c timeout 120 dpkg -i /var/tmp/kt/n1.deb </dev/null 2>&1)"; RC=$?

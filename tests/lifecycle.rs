@@ -28,12 +28,18 @@ fn free_port() -> u16 {
 
 struct Server {
     child: Child,
+    /// The server's stderr (its log), checked for panics when the test ends. Kept out of
+    /// `dir`: that directory is watched, and a log written there on every refused handshake
+    /// keeps the watcher's debounce from settling.
+    log: PathBuf,
+    _log_dir: tempfile::TempDir,
     notify: UnixDatagram,
     dir: tempfile::TempDir,
     pki: DevPki,
     config: PathBuf,
     agent_port: u16,
     health_port: u16,
+    exit_expected: bool,
 }
 
 fn config_text(
@@ -75,6 +81,8 @@ impl Server {
             ),
         )
         .unwrap();
+        let log_dir = tempfile::tempdir().unwrap();
+        let log = log_dir.path().join("server.log");
         let notify_path = dir.path().join("notify.sock");
         let notify = UnixDatagram::bind(&notify_path).unwrap();
         notify.set_read_timeout(Some(WAIT)).unwrap();
@@ -84,19 +92,22 @@ impl Server {
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
+            .stderr(std::fs::File::create(&log).unwrap());
         for (k, v) in extra_env {
             cmd.env(k, v);
         }
         let child = cmd.spawn().unwrap();
         Server {
             child,
+            log,
+            _log_dir: log_dir,
             notify,
             dir,
             pki,
             config,
             agent_port,
             health_port,
+            exit_expected: false,
         }
     }
 
@@ -129,6 +140,7 @@ impl Server {
     }
 
     fn wait_exit(&mut self) -> i32 {
+        self.exit_expected = true;
         let deadline = Instant::now() + WAIT;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -171,12 +183,76 @@ impl Server {
         }
         conn.peer_certificates().unwrap()[0].to_vec()
     }
+
+    /// Connects to the agent port as an agent does (ALPN h2, trusting `trusted` for the
+    /// server), with `identity` as the client certificate and key (None: no certificate),
+    /// sends the HTTP/2 preface and an empty SETTINGS frame, and returns Ok once the server
+    /// answers with bytes (its SETTINGS). A refusal is a handshake error, an alert or EOF;
+    /// under TLS 1.3 the client's handshake completes before the server has checked the
+    /// client certificate, so the refusal often shows only on the read.
+    fn agent_port_outcome(
+        &self,
+        identity: Option<&(PathBuf, PathBuf)>,
+        trusted: &[&Path],
+    ) -> Result<(), String> {
+        use konnectivity_server::tls::{load_certs, load_key};
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in trusted {
+            for cert in load_certs(ca).unwrap() {
+                roots.add(cert).unwrap();
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots);
+        let mut config = match identity {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(load_certs(cert).unwrap(), load_key(key).unwrap())
+                .unwrap(),
+            None => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        let mut conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let mut sock = TcpStream::connect(("127.0.0.1", self.agent_port)).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut tls = rustls::Stream::new(&mut conn, &mut sock);
+        tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .map_err(|e| format!("write: {e}"))?;
+        let mut buf = [0u8; 64];
+        match tls.read(&mut buf) {
+            Ok(0) => Err("EOF".into()),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                panic!("the agent port neither answered nor refused within 5 s")
+            }
+            Err(e) => Err(format!("read: {e}")),
+        }
+    }
 }
 
 impl Drop for Server {
+    /// Stops the server. A test that passed still fails if the server's log shows a panic (a
+    /// panicking task does not end the process) or the server died before the test ended it;
+    /// a failing test gets the log printed.
     fn drop(&mut self) {
+        let died = self.child.try_wait().ok().flatten();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        if std::thread::panicking() {
+            eprintln!("---- server log ({}) ----\n{log}", self.log.display());
+            return;
+        }
+        assert!(!log.contains("panicked at"), "the server panicked:\n{log}");
+        if let Some(status) = died {
+            assert!(
+                self.exit_expected,
+                "the server exited ({status}) before the test ended it:\n{log}"
+            );
+        }
     }
 }
 
@@ -197,6 +273,16 @@ fn http_get(port: u16, path: &str) -> (u16, String) {
         .unwrap_or(0);
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     (status, body)
+}
+
+/// The value of one series (`name{labels}` exactly as exposed); fails when it is absent, so a
+/// renamed or missing metric cannot pass as 0.
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("series {series} is missing from /metrics:\n{text}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("series {series}: {e}"))
 }
 
 fn der_of(path: &Path) -> Vec<u8> {
@@ -259,21 +345,36 @@ fn notify_sequence_for_start_reload_failed_reload_and_stop() {
 
 #[test]
 fn watchdog_pings_at_half_the_interval() {
-    let server = Server::start("watch_files = false", &[("WATCHDOG_USEC", "200000")]);
+    // WatchdogSec=1s: pings every 500 ms. Each gap must stay under the watchdog interval
+    // itself (systemd would kill the service otherwise), and not come much faster than half.
+    let interval = Duration::from_secs(1);
+    let server = Server::start("watch_files = false", &[("WATCHDOG_USEC", "1000000")]);
     assert!(server.next_state().starts_with("READY=1"));
-    let started = Instant::now();
-    let mut pings = 0;
-    while pings < 3 {
-        if server.next_message().starts_with("WATCHDOG=1") {
-            pings += 1;
+    let deadline = Instant::now() + 5 * interval;
+    let mut last = Instant::now();
+    let mut gaps = Vec::new();
+    while gaps.len() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} WATCHDOG=1 pings in {:?} (gaps {gaps:?})",
+            gaps.len(),
+            5 * interval
+        );
+        // Bounded by the socket's read timeout: a server that sends nothing fails here.
+        let message = server.next_message();
+        if message.contains("WATCHDOG=1") {
+            let now = Instant::now();
+            gaps.push(now - last);
+            last = now;
         }
     }
-    // Three pings at 100 ms take at least 200 ms; generous upper bound for a loaded machine.
-    assert!(
-        started.elapsed() >= Duration::from_millis(150),
-        "{:?}",
-        started.elapsed()
-    );
+    // The first gap runs from READY=1, which need not be a ping time.
+    for gap in &gaps[1..] {
+        assert!(
+            *gap >= interval * 3 / 10 && *gap < interval,
+            "WATCHDOG=1 gaps {gaps:?}: each must be about half of {interval:?} and below it"
+        );
+    }
 }
 
 #[test]
@@ -311,15 +412,13 @@ fn certificate_renamed_into_place_is_served_without_a_signal() {
     // A read of the files must not trigger reloads (inotify access events): the success count
     // stays put over a quiet period with reads going on.
     let count = |m: &str| {
-        m.lines()
-            .find(|l| {
-                l.starts_with("konnectivity_network_proxy_server_reloads_total{result=\"success\"}")
-            })
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
+        metric(
+            m,
+            "konnectivity_network_proxy_server_reloads_total{result=\"success\"}",
+        )
     };
     let before = count(&server.metrics());
+    assert!(before >= 1.0, "the rename above reloaded: {before}");
     for _ in 0..5 {
         let _ = std::fs::read(dir.join("cluster.crt"));
         let _ = std::fs::read(&server.config);
@@ -330,5 +429,126 @@ fn certificate_renamed_into_place_is_served_without_a_signal() {
         count(&server.metrics()),
         before,
         "reading files must not reload"
+    );
+}
+
+/// Replaces `path` by a copy of `from`, written beside it and renamed into place.
+fn rename_into_place(from: &Path, path: &Path) {
+    let tmp = path.with_extension("new");
+    std::fs::copy(from, &tmp).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn agent_port_enforces_client_certificates_at_start_and_after_every_kind_of_reload() {
+    let server = Server::start("", &[]);
+    assert!(server.next_state().starts_with("READY=1"));
+    let dir = server.dir.path();
+    let ca = server.pki.ca_cert.clone();
+    // An agent certificate from another CA (DevPki makes a fresh CA per directory).
+    let (foreign, _) = DevPki::ensure(&dir.join("foreign")).unwrap();
+    let own = (server.pki.agent_cert.clone(), server.pki.agent_key.clone());
+    let other = (foreign.agent_cert.clone(), foreign.agent_key.clone());
+    let expect = |when: &str,
+                  trusted: &[&Path],
+                  accepted: &(PathBuf, PathBuf),
+                  refused: &(PathBuf, PathBuf)| {
+        assert_eq!(
+            server.agent_port_outcome(Some(accepted), trusted),
+            Ok(()),
+            "{when}: the cluster CA's agent certificate must be accepted"
+        );
+        let none = server.agent_port_outcome(None, trusted);
+        assert!(
+            none.is_err(),
+            "{when}: a client without a certificate got HTTP/2 bytes"
+        );
+        let wrong = server.agent_port_outcome(Some(refused), trusted);
+        assert!(
+            wrong.is_err(),
+            "{when}: a certificate from another CA got HTTP/2 bytes"
+        );
+    };
+    expect("at start", &[&ca], &own, &other);
+
+    // SIGHUP: every layer re-read, the TLS configuration rebuilt.
+    server.signal("HUP");
+    let mut ready = assert_reload_pair(&server);
+    // (The file watcher may report a reload of its own first; skip to the SIGHUP's.)
+    while !ready.contains("STATUS=serving") {
+        ready = assert_reload_pair(&server);
+    }
+    expect("after SIGHUP", &[&ca], &own, &other);
+
+    // File watch, certificate: a new serving certificate and key renamed into place.
+    let (next, _) = DevPki::ensure(&dir.join("next")).unwrap();
+    rename_into_place(&next.server_key, &dir.join("cluster.key"));
+    rename_into_place(&next.server_cert, &dir.join("cluster.crt"));
+    let new_cert = der_of(&next.server_cert);
+    poll_until("the renamed certificate to be served", || {
+        server.presented_certificate(&[&ca, &next.ca_cert]) == new_cert
+    });
+    expect(
+        "after the file-watch reload of the certificate",
+        &[&ca, &next.ca_cert],
+        &own,
+        &other,
+    );
+
+    // File watch, CA: the other CA becomes the cluster CA; the verifier must follow it.
+    rename_into_place(&foreign.ca_cert, &ca);
+    poll_until("the rotated cluster CA to accept its agent", || {
+        server
+            .agent_port_outcome(Some(&other), &[&ca, &next.ca_cert])
+            .is_ok()
+    });
+    expect(
+        "after the file-watch reload of the cluster CA",
+        &[&next.ca_cert],
+        &other,
+        &own,
+    );
+}
+
+#[test]
+fn log_file_is_written_and_starts_over_at_its_cap() {
+    let logs = tempfile::tempdir().unwrap();
+    let path = logs.path().join("server.log");
+    // 1 MiB (--log-file-max-size=1) less a little: the server's first lines cross the cap.
+    let prefill = vec![b'x'; (1 << 20) - 64];
+    std::fs::write(&path, &prefill).unwrap();
+    let server = Server::start(
+        &format!(
+            "logtostderr = false\nlog_file = \"{}\"\nlog_file_max_size = 1\nwatch_files = false",
+            path.display()
+        ),
+        &[],
+    );
+    assert!(server.next_state().starts_with("READY=1"));
+    poll_until("the log file to start over", || {
+        std::fs::read(&path).is_ok_and(|b| !b.is_empty() && b[0] != b'x')
+    });
+    let text = std::fs::read(&path).unwrap();
+    assert!(
+        text.len() < 1 << 20,
+        "the file stays under its cap: {} bytes",
+        text.len()
+    );
+    assert!(
+        !text.windows(64).any(|w| w.iter().all(|&c| c == b'x')),
+        "the prefill is gone"
+    );
+    let text = String::from_utf8_lossy(&text);
+    assert!(
+        text.contains("konnectivity-server is serving"),
+        "the server's own start line is in the file:\n{text}"
     );
 }

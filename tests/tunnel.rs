@@ -45,9 +45,7 @@ async fn row_agent_dial_error_forwarded_unchanged() {
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
-    let mut t = fe.open().await;
-    t.send(dial_req("127.0.0.1:8000", 21)).await;
-    assert_eq!(agent.recv().await, dial_req("127.0.0.1:8000", 21));
+    let mut t = h.pending_dial(&fe, &mut agent, "127.0.0.1:8000", 21).await;
     h.wait_gauges((1, 0)).await;
     let error = "dial tcp 127.0.0.1:8000: connect: connection refused";
     agent.send(dial_rsp(21, 0, error)).await;
@@ -176,9 +174,7 @@ async fn agent_stream_dies_with_dial_pending(death: Death) {
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
-    let mut t = fe.open().await;
-    t.send(dial_req(ADDRESS, 71)).await;
-    assert_eq!(agent.recv().await, dial_req(ADDRESS, 71));
+    let mut t = h.pending_dial(&fe, &mut agent, ADDRESS, 71).await;
     h.wait_gauges((1, 0)).await;
     let before = h.metrics().dial_failures(DialFailure::BackendClose);
     match death {
@@ -221,9 +217,7 @@ async fn frontend_stream_dies_with_dial_pending(death: Death) {
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
-    let mut t = fe.open().await;
-    t.send(dial_req(ADDRESS, 81)).await;
-    assert_eq!(agent.recv().await, dial_req(ADDRESS, 81));
+    let mut t = h.pending_dial(&fe, &mut agent, ADDRESS, 81).await;
     h.wait_gauges((1, 0)).await;
     match death {
         Death::Eof => {
@@ -319,9 +313,7 @@ async fn row_frontend_dial_cls_then_late_dial_rsp_agent_gets_close_req() {
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
-    let mut t = fe.open().await;
-    t.send(dial_req(ADDRESS, 101)).await;
-    assert_eq!(agent.recv().await, dial_req(ADDRESS, 101));
+    let mut t = h.pending_dial(&fe, &mut agent, ADDRESS, 101).await;
     t.send(dial_cls(101)).await;
     eventually(
         "dial_failure_count{reason=frontend_close} to count the DIAL_CLS",
@@ -371,9 +363,7 @@ async fn row_backend_dial_timeout_while_pending_dial_rsp_timed_out() {
     let h = Harness::start_with(&["--backend-dial-timeout=200ms"]).await;
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
-    let mut t = fe.open().await;
-    t.send(dial_req(ADDRESS, 121)).await;
-    assert_eq!(agent.recv().await, dial_req(ADDRESS, 121));
+    let mut t = h.pending_dial(&fe, &mut agent, ADDRESS, 121).await;
     // The agent never answers.
     assert_eq!(t.recv().await, dial_rsp(121, 0, DIAL_TIMEOUT));
     assert_eq!(DIAL_TIMEOUT, "timed out waiting for backend dial");
@@ -571,9 +561,7 @@ async fn misbehaving_agent_type_payload_mismatch_is_dropped() {
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
     let mut healthy = h.establish(&fe, &mut agent, 181, 1).await;
-    let mut t = fe.open().await;
-    t.send(dial_req(ADDRESS, 182)).await;
-    assert_eq!(agent.recv().await, dial_req(ADDRESS, 182));
+    let mut t = h.pending_dial(&fe, &mut agent, ADDRESS, 182).await;
     // A DATA-typed packet with a dialResponse payload must not complete the dial.
     let rsp = Payload::DialResponse(DialResponse {
         error: String::new(),
@@ -726,9 +714,7 @@ async fn misbehaving_frontend_duplicate_dial_id_rejected() {
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
-    let mut first = fe.open().await;
-    first.send(dial_req(ADDRESS, 251)).await;
-    assert_eq!(agent.recv().await, dial_req(ADDRESS, 251));
+    let mut first = h.pending_dial(&fe, &mut agent, ADDRESS, 251).await;
     // A second frontend reuses the pending dial id: it is refused, the first is unharmed.
     let mut second = fe.open().await;
     second.send(dial_req(ADDRESS, 251)).await;
@@ -756,9 +742,7 @@ async fn misbehaving_agent_reuses_live_connect_id_fails_only_the_new_dial() {
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
     let mut live = h.establish(&fe, &mut agent, 261, 1).await;
-    let mut t = fe.open().await;
-    t.send(dial_req(ADDRESS, 262)).await;
-    assert_eq!(agent.recv().await, dial_req(ADDRESS, 262));
+    let mut t = h.pending_dial(&fe, &mut agent, ADDRESS, 262).await;
     agent.send(dial_rsp(262, 1, "")).await;
     assert_eq!(
         t.recv().await,
@@ -1218,9 +1202,7 @@ async fn health_endpoints_follow_agent_connections() {
     let t = h.establish(&fe, &mut agent, 231, 1).await;
     drop(t);
     assert_eq!(agent.recv().await, close_req(1));
-    let mut failed = fe.open().await;
-    failed.send(dial_req(ADDRESS, 232)).await;
-    assert_eq!(agent.recv().await, dial_req(ADDRESS, 232));
+    let mut failed = h.pending_dial(&fe, &mut agent, ADDRESS, 232).await;
     agent.send(dial_rsp(232, 0, "refused")).await;
     assert_eq!(failed.recv().await, dial_rsp(232, 0, "refused"));
 
@@ -1334,9 +1316,7 @@ async fn shutdown_with_live_streams_ends_them_and_leaves_nothing_behind() {
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
     let mut established = h.establish(&fe, &mut agent, 241, 1).await;
-    let mut pending = fe.open().await;
-    pending.send(dial_req(ADDRESS, 242)).await;
-    assert_eq!(agent.recv().await, dial_req(ADDRESS, 242));
+    let mut pending = h.pending_dial(&fe, &mut agent, ADDRESS, 242).await;
     h.wait_gauges((1, 1)).await;
     // Shut down while everything is live; every stream then ends at the clients.
     let stopped = h.shutdown().await;

@@ -15,11 +15,8 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use konnectivity_server::config::{Config, Options};
 use konnectivity_server::proto::agent_service_client::AgentServiceClient;
-use konnectivity_server::proto::packet::Payload;
 use konnectivity_server::proto::proxy_service_client::ProxyServiceClient;
-use konnectivity_server::proto::{
-    CloseDial, CloseRequest, CloseResponse, Data, DialRequest, DialResponse, Packet, PacketType,
-};
+use konnectivity_server::proto::Packet;
 use konnectivity_server::testing::{bind_uds, Metrics};
 use konnectivity_server::tls::DevPki;
 use konnectivity_server::{FrontendListener, Listeners, RunningServer};
@@ -72,70 +69,77 @@ pub async fn eventually(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Packets
+// Packets: the library's wire vocabulary under the short names the tests use.
 
-pub fn pkt(kind: PacketType, payload: Payload) -> Packet {
-    Packet {
-        r#type: kind as i32,
-        payload: Some(payload),
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use konnectivity_server::wire;
+#[allow(unused_imports)]
+pub use konnectivity_server::wire::{
+    close_request as close_req, close_response as close_rsp, data, dial_close as dial_cls,
+    dial_request as dial_req, dial_response as dial_rsp, packet as pkt,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Panics in the server's own code
+
+/// Panics whose location is in this crate's `src/`, recorded by the hook [`watch_panics`]
+/// installs. A panicking server task just ends (tokio catches the unwind), so without this a
+/// panic in a stream task would look like a stream that ended; every harness check fails on it.
+/// Never cleared: once the server code has panicked in this test binary, every later check
+/// fails too (tests run in parallel, so the panic cannot be pinned on one of them).
+static SERVER_PANICS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Installs (once per test binary) a panic hook that records panics located in `src/`
+/// (the file path, not the thread: server tasks run on the test's own runtime threads), then
+/// runs the previous hook as usual.
+pub fn watch_panics() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if let Some(location) = info.location() {
+                if in_crate_src(location.file()) {
+                    SERVER_PANICS
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(info.to_string());
+                }
+            }
+            previous(info);
+        }));
+    });
+}
+
+/// Whether a panic location is the crate's own source (cargo passes workspace paths relative
+/// to the workspace root; an absolute path is accepted too).
+fn in_crate_src(file: &str) -> bool {
+    file.starts_with("src/") || file.starts_with(concat!(env!("CARGO_MANIFEST_DIR"), "/src/"))
+}
+
+/// Fails the test if any code in `src/` has panicked in this test binary.
+pub fn assert_no_server_panics() {
+    let panics = SERVER_PANICS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    assert!(
+        panics.is_empty(),
+        "the server's code panicked ({} time(s)); a panicking task must fail the test:\n{}",
+        panics.len(),
+        panics.join("\n")
+    );
+}
+
+/// Checks for server panics when dropped (unless the test is already failing), so every test
+/// holding a [`Harness`] is covered, even one that never calls `finish`.
+struct PanicCheck;
+
+impl Drop for PanicCheck {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            assert_no_server_panics();
+        }
     }
-}
-
-pub fn dial_req(address: &str, random: i64) -> Packet {
-    pkt(
-        PacketType::DialReq,
-        Payload::DialRequest(DialRequest {
-            protocol: "tcp".into(),
-            address: address.into(),
-            random,
-        }),
-    )
-}
-
-pub fn dial_rsp(random: i64, connect_id: i64, error: &str) -> Packet {
-    pkt(
-        PacketType::DialRsp,
-        Payload::DialResponse(DialResponse {
-            error: error.into(),
-            connect_id,
-            random,
-        }),
-    )
-}
-
-pub fn data(connect_id: i64, bytes: impl Into<bytes::Bytes>) -> Packet {
-    pkt(
-        PacketType::Data,
-        Payload::Data(Data {
-            connect_id,
-            error: String::new(),
-            data: bytes.into(),
-        }),
-    )
-}
-
-pub fn close_req(connect_id: i64) -> Packet {
-    pkt(
-        PacketType::CloseReq,
-        Payload::CloseRequest(CloseRequest { connect_id }),
-    )
-}
-
-pub fn close_rsp(connect_id: i64, error: &str) -> Packet {
-    pkt(
-        PacketType::CloseRsp,
-        Payload::CloseResponse(CloseResponse {
-            error: error.into(),
-            connect_id,
-        }),
-    )
-}
-
-pub fn dial_cls(random: i64) -> Packet {
-    pkt(
-        PacketType::DialCls,
-        Payload::CloseDial(CloseDial { random }),
-    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -170,6 +174,7 @@ pub struct Harness {
     server: RunningServer,
     /// Tasks alive on this test's runtime before the server started.
     baseline_tasks: usize,
+    _panic_check: PanicCheck,
 }
 
 impl Harness {
@@ -179,6 +184,7 @@ impl Harness {
 
     /// Starts a server; `extra` are command-line flags added to the UDS + mTLS basics.
     pub async fn start_with(extra: &[&str]) -> Harness {
+        watch_panics();
         let baseline_tasks = alive_tasks();
         let dir = tempfile::tempdir().expect("tempdir");
         let (pki, _) = DevPki::ensure(&dir.path().join("pki")).expect("generate the test PKI");
@@ -228,6 +234,7 @@ impl Harness {
             server_id,
             server,
             baseline_tasks,
+            _panic_check: PanicCheck,
         }
     }
 
@@ -275,6 +282,7 @@ impl Harness {
     /// established connection is gone, every stream task has ended, and after shutdown the
     /// runtime is back to the tasks it had before the server started.
     pub async fn finish(self) {
+        assert_no_server_panics();
         self.wait_gauges((0, 0)).await;
         eventually(
             "every Proxy and Connect stream to end",
@@ -297,6 +305,7 @@ impl Harness {
         } = self;
         let shared = server.shared.clone();
         within("shutdown", server.shutdown(Duration::ZERO)).await;
+        assert_no_server_panics();
         assert!(
             !uds.exists(),
             "the socket file the server created is removed when it stops"
@@ -347,6 +356,25 @@ impl Harness {
         Frontend::connect(self.uds.clone()).await
     }
 
+    /// Opens a tunnel whose dial to `address` is pending at `agent`: the DIAL_REQ has
+    /// reached the agent, which has not answered.
+    pub async fn pending_dial(
+        &self,
+        frontend: &Frontend,
+        agent: &mut TestAgent,
+        address: &str,
+        random: i64,
+    ) -> Tunnel {
+        let tunnel = frontend.open().await;
+        tunnel.send(dial_req(address, random)).await;
+        assert_eq!(
+            agent.recv().await,
+            dial_req(address, random),
+            "DIAL_REQ reaches the agent"
+        );
+        tunnel
+    }
+
     /// Opens a tunnel and establishes it through `agent` with the given ids.
     pub async fn establish(
         &self,
@@ -355,14 +383,9 @@ impl Harness {
         random: i64,
         connect_id: i64,
     ) -> Tunnel {
-        let mut tunnel = frontend.open().await;
-        tunnel.send(dial_req("10.0.0.1:443", random)).await;
-        let req = agent.recv().await;
-        assert_eq!(
-            req,
-            dial_req("10.0.0.1:443", random),
-            "DIAL_REQ reaches the agent"
-        );
+        let mut tunnel = self
+            .pending_dial(frontend, agent, "10.0.0.1:443", random)
+            .await;
         agent.send(dial_rsp(random, connect_id, "")).await;
         assert_eq!(tunnel.recv().await, dial_rsp(random, connect_id, ""));
         tunnel
@@ -424,6 +447,8 @@ impl Stopped {
             || format!("{} alive, baseline {baseline}", alive_tasks()),
         )
         .await;
+        // A task that panicked has "ended" too: the count above cannot tell.
+        assert_no_server_panics();
     }
 }
 

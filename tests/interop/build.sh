@@ -9,9 +9,12 @@
 #     skew-client-v0.31.2                                            (skew: older konnectivity-client)
 #
 # key = pinned versions + sha256 of all go.mod/go.sum (+ skew client source) + go version.
+# The cache itself (lock, complete entries renamed into place): tests/lib/build-cache.sh.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../lib/build-cache.sh
+source "$HERE/../lib/build-cache.sh"
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 
 SERVER_MODULE_VERSION="v0.36.0"   # newest sigs.k8s.io/apiserver-network-proxy on the module proxy
@@ -22,26 +25,9 @@ SKEW_CLIENT_VERSION="v0.31.2"
 GOVERSION="$("$GO" env GOVERSION)"
 SUM="$(cd "$HERE" && cat go.mod go.sum skew/agent/go.mod skew/agent/go.sum skew/client/go.mod skew/client/go.sum skew/client/main.go | sha256sum | cut -c1-16)"
 KEY="server-${SERVER_MODULE_VERSION}_client-${CLIENT_VERSION}_skew-${SKEW_AGENT_VERSION}-${SKEW_CLIENT_VERSION}_${GOVERSION}_${SUM}"
-CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/konnectivity-interop"
-OUT="$CACHE_ROOT/$KEY"
-
 BINARIES=(proxy-server proxy-agent proxy-test-client http-test-server "proxy-agent-${SKEW_AGENT_VERSION}" "skew-client-${SKEW_CLIENT_VERSION}")
-
-complete() {
-  [[ -f "$OUT/.complete" ]] || return 1
-  local b
-  for b in "${BINARIES[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done
-}
-
-if complete; then
-  echo "build.sh: cache hit, nothing to build" >&2
-  echo "$OUT"
-  exit 0
-fi
-
-mkdir -p "$CACHE_ROOT"
-TMP="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
+cache_setup konnectivity-interop "$KEY" "${BINARIES[@]}"
+cache_reuse_or_lock
 
 build() { # <module dir> <output name> <package>
   local dir="$1" name="$2" pkg="$3" start end
@@ -70,8 +56,4 @@ sigs.k8s.io/apiserver-network-proxy ${SKEW_AGENT_VERSION} (proxy-agent-${SKEW_AG
 sigs.k8s.io/apiserver-network-proxy/konnectivity-client ${SKEW_CLIENT_VERSION} (skew-client-${SKEW_CLIENT_VERSION})
 ${GOVERSION}
 VERS
-touch "$TMP/.complete"
-rm -rf "$OUT"
-mv "$TMP" "$OUT"
-trap - EXIT
-echo "$OUT"
+cache_commit

@@ -227,6 +227,12 @@ func mustRead(r io.Reader, n int) []byte {
 	return b
 }
 
+// successPage is what http-test-server's /success (and /sleep) answers; proxy-test-client
+// logs the body it received ("HTML Response:", at its default -v=4).
+const successPage = "The success test page!"
+
+// runTestClient runs the upstream proxy-test-client. It exits 0 for any HTTP status (and for
+// an empty body), so the body it logs must be the success page.
 func runTestClient(t *testing.T, e *env, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
@@ -234,6 +240,9 @@ func runTestClient(t *testing.T, e *env, args ...string) {
 	out, err := exec.CommandContext(ctx, e.bins.testClient, args...).CombinedOutput()
 	if err != nil {
 		t.Fatalf("proxy-test-client %v failed: %v\n%s", args, err, tailStr(string(out), 20))
+	}
+	if !strings.Contains(string(out), "HTML Response:") || !strings.Contains(string(out), successPage) {
+		t.Fatalf("proxy-test-client %v exited 0 without the success page in the response body:\n%s", args, tailStr(string(out), 20))
 	}
 }
 

@@ -219,6 +219,9 @@ type proc struct {
 	logPath string
 	done    chan struct{}
 	exitErr error
+	// exitExpected: the scenario stops this process itself (SIGTERM/SIGINT/SIGKILL, waitExit,
+	// a failed start); a server that exits without it fails the scenario (watchServer).
+	exitExpected atomic.Bool
 }
 
 // startProc starts bin in its own process group; t.Cleanup kills the group
@@ -270,10 +273,47 @@ func (p *proc) exited() bool {
 	}
 }
 
-func (p *proc) signal(sig syscall.Signal) { _ = syscall.Kill(p.cmd.Process.Pid, sig) }
+// signal sends sig; SIGTERM, SIGINT and SIGKILL mean the scenario expects the exit.
+func (p *proc) signal(sig syscall.Signal) {
+	if sig == syscall.SIGTERM || sig == syscall.SIGINT || sig == syscall.SIGKILL {
+		p.exitExpected.Store(true)
+	}
+	_ = syscall.Kill(p.cmd.Process.Pid, sig)
+}
+
+// panicMarkers: a Rust panic message (any thread or task) and a Go runtime panic or fatal error.
+var panicMarkers = []string{"panicked at", "\npanic: ", "\nfatal error: "}
+
+// panicked returns the log around the first panic marker, or "".
+func (p *proc) panicked() string {
+	log := "\n" + p.log()
+	for _, m := range panicMarkers {
+		if i := strings.Index(log, m); i >= 0 {
+			start, end := max(0, i-300), min(len(log), i+1200)
+			return log[start:end]
+		}
+	}
+	return ""
+}
+
+// watchServer makes the scenario fail when the server process panicked (a Rust task panic
+// does not end the process; only the log shows it) or exited without the scenario expecting
+// it. Registered right after the start, so it runs before startProcEnv's kill cleanup.
+func watchServer(t *testing.T, p *proc) {
+	t.Helper()
+	t.Cleanup(func() {
+		if msg := p.panicked(); msg != "" {
+			t.Errorf("%s PANICKED (log %s):\n%s", p.name, p.logPath, msg)
+		}
+		if p.exited() && !p.exitExpected.Load() {
+			t.Errorf("%s exited during the scenario, which did not stop it: %v\n%s", p.name, p.exitErr, p.tail(30))
+		}
+	})
+}
 
 // kill SIGKILLs the process group and waits for the process to be reaped.
 func (p *proc) kill() {
+	p.exitExpected.Store(true)
 	if !p.exited() {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	}
@@ -592,9 +632,11 @@ func newEnv(t *testing.T, impl, serverBin string, bins binaries) *env {
 	return newEnvWith(t, impl, serverBin, bins, envOpts{})
 }
 
-func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpts) *env {
+// scenarioDir is the one temporary directory helper of the harness: a fresh directory named
+// prefix*, removed when the test passes and kept (and named in the log) when it fails.
+func scenarioDir(t *testing.T, prefix string) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "konn-")
+	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -605,6 +647,12 @@ func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpt
 		}
 		os.RemoveAll(dir)
 	})
+	return dir
+}
+
+func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpts) *env {
+	t.Helper()
+	dir := scenarioDir(t, "konn-")
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e := &env{t: t, impl: impl, bins: bins, dir: dir, sock: filepath.Join(dir, "konn.sock"), ctx: ctx,
@@ -664,10 +712,12 @@ func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpt
 		)
 		args = append(args, opts.extraArgs...)
 		e.server = startProcEnv(t, fmt.Sprintf("server-%s-%d", impl, attempt), dir, extraEnv, serverBin, args...)
+		watchServer(t, e.server)
 		err := e.waitServerUp(20 * time.Second)
 		if err == nil {
 			break
 		}
+		e.server.exitExpected.Store(true) // a failed start is reported below, not by watchServer
 		if attempt < 3 && e.server.exited() && strings.Contains(e.server.log(), "address already in use") {
 			t.Logf("port clash on attempt %d, retrying with new ports", attempt)
 			continue
@@ -796,7 +846,8 @@ func (e *env) withAgent(id, bin string) *agentProc {
 // assertQuiescent checks that both server gauges and the far end return to 0.
 func (e *env) assertQuiescent(t *testing.T) {
 	t.Helper()
-	if !e.server.exited() { // drain scenarios end with the server gone
+	e.assertServerAlive(t)
+	if !e.server.exited() { // drain scenarios end with the server gone (and expected that)
 		e.assertServerQuiescent(t)
 	}
 	eventually(t, 20*time.Second, "far-end connections closed", func() (bool, string) {
@@ -839,6 +890,17 @@ func (e *env) quiescentOrKnownDiff(t *testing.T, id string) {
 		n := e.far.active.Load()
 		return n == 0, fmt.Sprintf("%d open", n)
 	})
+}
+
+// assertServerAlive fails when the server panicked or exited without the scenario stopping it.
+func (e *env) assertServerAlive(t *testing.T) {
+	t.Helper()
+	if msg := e.server.panicked(); msg != "" {
+		t.Fatalf("%s server PANICKED:\n%s", e.impl, msg)
+	}
+	if e.server.exited() && !e.server.exitExpected.Load() {
+		t.Fatalf("%s server exited during the scenario: %v\n%s", e.impl, e.server.exitErr, e.server.tail(30))
+	}
 }
 
 func (e *env) assertServerQuiescent(t *testing.T) {

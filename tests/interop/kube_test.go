@@ -109,10 +109,7 @@ func startKube(t *testing.T) *kubeFixture {
 func startKubeWith(t *testing.T, extraArgs string) *kubeFixture {
 	t.Helper()
 	binDir := kubeBinDir(t)
-	dir, err := os.MkdirTemp("", "konn-kube-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := scenarioDir(t, "konn-kube-")
 	startSh, _ := filepath.Abs(filepath.Join("..", "kube", "start.sh"))
 	stopSh, _ := filepath.Abs(filepath.Join("..", "kube", "stop.sh"))
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -123,13 +120,9 @@ func startKubeWith(t *testing.T, extraArgs string) *kubeFixture {
 	t0 := time.Now()
 	out, err := cmd.CombinedOutput()
 	t.Cleanup(func() {
+		// Runs before scenarioDir's cleanup, which removes (or keeps) the directory.
 		if o, err := exec.Command(stopSh, dir).CombinedOutput(); err != nil {
 			t.Errorf("stop.sh: %v\n%s", err, o)
-		}
-		if !t.Failed() {
-			os.RemoveAll(dir)
-		} else {
-			t.Logf("kube fixture kept in %s", dir)
 		}
 	})
 	if err != nil {
@@ -457,17 +450,7 @@ type kubeServerOpts struct {
 // flags of these scenarios (token auth needs --cluster-ca-cert empty).
 func startKubeServer(t *testing.T, impl, bin string, bins binaries, o kubeServerOpts) *env {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "konn-kube-"+impl+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs kept in %s", dir)
-			return
-		}
-		os.RemoveAll(dir)
-	})
+	dir := scenarioDir(t, "konn-kube-"+impl+"-")
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	if o.mode == "" {
@@ -499,10 +482,12 @@ func startKubeServer(t *testing.T, impl, bin string, bins binaries, o kubeServer
 			"--server-id="+o.serverID, "--server-count=1")
 		args = append(args, o.extra...)
 		e.server = startProc(t, fmt.Sprintf("server-%s-%s-%d", impl, o.serverID, attempt), dir, bin, args...)
+		watchServer(t, e.server)
 		err := e.waitServerUp(20 * time.Second)
 		if err == nil {
 			break
 		}
+		e.server.exitExpected.Store(true) // a failed start is reported below, not by watchServer
 		if attempt < 3 && e.server.exited() && strings.Contains(e.server.log(), "address already in use") {
 			continue
 		}
@@ -571,6 +556,12 @@ type connectResult struct {
 // response headers: how the upstream agent learns that authentication failed.
 func rawConnect(ctx context.Context, t *testing.T, port int, md metadata.MD) connectResult {
 	t.Helper()
+	return rawConnectWith(ctx, t, port, md, nil)
+}
+
+// rawConnectWith is rawConnect presenting clientCerts (mTLS agent ports; nil: none).
+func rawConnectWith(ctx context.Context, t *testing.T, port int, md metadata.MD, clientCerts []tls.Certificate) connectResult {
+	t.Helper()
 	pool := x509.NewCertPool()
 	ca, err := os.ReadFile(getCerts(t).ca)
 	if err != nil {
@@ -578,7 +569,7 @@ func rawConnect(ctx context.Context, t *testing.T, port int, md metadata.MD) con
 	}
 	pool.AppendCertsFromPEM(ca)
 	conn, err := grpc.NewClient(fmt.Sprintf("passthrough:///127.0.0.1:%d", port),
-		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})))
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "127.0.0.1", Certificates: clientCerts})))
 	if err != nil {
 		t.Fatal(err)
 	}

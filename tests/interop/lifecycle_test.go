@@ -745,6 +745,9 @@ func scReloadUnderLoad(t *testing.T, e *env) {
 					tls.CipherSuiteName(suite), tls.CipherSuiteName(want), cfg.ciphers)
 			}
 		}
+		// Every reload rebuilds the agent port's TLS configuration: the client-certificate
+		// check must survive each one.
+		e.expectClientCertEnforced(t, fmt.Sprintf("after reload %d (kind %d)", i+1, kind))
 		s.check(t)
 		kindTime[kind] += time.Since(kindStart)
 	}
@@ -808,6 +811,7 @@ func scInvalidReload(t *testing.T, e *env) {
 		s.waitProgress(t, what)
 		e.waitReadyz(200, 5*time.Second)
 		e.expectAgentSerial(t, 2)
+		e.expectClientCertEnforced(t, what)
 		if err := fetch(e.ctx, e.singleUse(), e.far.addr, 128<<10, 77); err != nil {
 			t.Fatalf("new tunnel %s: %v", what, err)
 		}
@@ -848,6 +852,7 @@ func scInvalidReload(t *testing.T, e *env) {
 	}
 	t.Logf("valid reload: %q after %v", ready.kv["STATUS"], d.Round(time.Microsecond))
 	e.expectAgentSerial(t, 300)
+	e.expectClientCertEnforced(t, "after the valid reload")
 	if ok, bad := e.reloadCounts(t); ok != 1 || bad != 2 {
 		t.Fatalf("reloads_total success=%v failure=%v, want 1 and 2", ok, bad)
 	}
@@ -878,6 +883,7 @@ func (e *env) sigterm(t *testing.T) time.Time {
 // waitExit waits for the server to exit and returns when it did and its exit code.
 func (e *env) waitExit(t *testing.T, timeout time.Duration) (time.Time, int) {
 	t.Helper()
+	e.server.exitExpected.Store(true)
 	select {
 	case <-e.server.done:
 	case <-time.After(timeout):

@@ -195,6 +195,7 @@ func compareMetrics(t *testing.T, sh *kubeShared) {
 	if len(differ) > 0 {
 		t.Errorf("HELP/TYPE differ:\n    %s", strings.Join(differ, "\n    "))
 	}
+	compareSeries(t, ours, up)
 	// Process metrics as the Go server exposes them (informational: names and types).
 	op, up2 := parseFamilies(ours, "process_"), parseFamilies(up, "process_")
 	var pm []string
@@ -208,6 +209,129 @@ func compareMetrics(t *testing.T, sh *kubeShared) {
 	sort.Strings(pm)
 	if len(pm) > 0 {
 		t.Logf("METRICS-DIFF: process_* differences (informational): %s", strings.Join(pm, ", "))
+	}
+}
+
+// sameValueFamilies are the families whose values the shared scenario fixes (one agent, two
+// tunnels closed again, one refused dial, one culled lease): their series must have equal
+// values in both. Other values (byte and packet counts, latencies, timestamps) are
+// implementation detail and only logged when they differ.
+var sameValueFamilies = []string{
+	serverPrefix + "pending_backend_dials",
+	serverPrefix + "established_connections",
+	serverPrefix + "dial_failure_count",
+	serverPrefix + "grpc_connections",
+	serverPrefix + "ready_backend_connections",
+	serverPrefix + "culled_leases_count",
+}
+
+// series parses the sample lines of every konnectivity_* series: "name{labels}" -> value,
+// and, per sample name, the set of label names seen.
+func series(text string) (map[string]string, map[string]map[string]bool) {
+	values, labels := map[string]string{}, map[string]map[string]bool{}
+	for _, l := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(l, "konnectivity_") {
+			continue
+		}
+		i := strings.LastIndexByte(l, ' ')
+		if i < 0 {
+			continue
+		}
+		key, val := l[:i], l[i+1:]
+		values[key] = val
+		name, rest, _ := strings.Cut(key, "{")
+		if labels[name] == nil {
+			labels[name] = map[string]bool{}
+		}
+		for _, kv := range splitLabels(strings.TrimSuffix(rest, "}")) {
+			if k, _, ok := strings.Cut(kv, "="); ok {
+				labels[name][k] = true
+			}
+		}
+	}
+	return values, labels
+}
+
+// splitLabels splits `a="x",b="y,z"` at the commas outside quotes.
+func splitLabels(s string) []string {
+	var out []string
+	quoted, start := false, 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			quoted = !quoted
+		case ',':
+			if !quoted {
+				out = append(out, s[start:i])
+				start = i + 1
+			}
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}
+
+func sortedKeys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// compareSeries diffs the label names of every sample name both expose, and the values of
+// the sameValueFamilies series, after the same traffic.
+func compareSeries(t *testing.T, ours, up string) {
+	t.Helper()
+	ov, ol := series(ours)
+	uv, ul := series(up)
+	var labelDiffs, valueDiffs, informational []string
+	for name, u := range ul {
+		o, ok := ol[name]
+		if !ok {
+			continue // a family missing on one side is reported by the HELP/TYPE diff
+		}
+		if a, b := strings.Join(sortedKeys(o), ","), strings.Join(sortedKeys(u), ","); a != b {
+			labelDiffs = append(labelDiffs, fmt.Sprintf("%s: ours {%s}, upstream {%s}", name, a, b))
+		}
+	}
+	checked := 0
+	for key, u := range uv {
+		o, ok := ov[key]
+		name, _, _ := strings.Cut(key, "{")
+		must := false
+		for _, f := range sameValueFamilies {
+			must = must || name == f
+		}
+		switch {
+		case must && !ok:
+			valueDiffs = append(valueDiffs, fmt.Sprintf("%s: upstream %s, ours has no such series", key, u))
+		case must && o != u:
+			valueDiffs = append(valueDiffs, fmt.Sprintf("%s: ours %s, upstream %s", key, o, u))
+		case must:
+			checked++
+		case ok && o != u:
+			informational = append(informational, fmt.Sprintf("%s ours=%s upstream=%s", key, o, u))
+		}
+	}
+	sort.Strings(informational)
+	t.Logf("METRICS-DIFF: %d series of %v have equal values; other differing values (informational): %s",
+		checked, sameValueFamilies, strings.Join(informational, "; "))
+	if checked == 0 {
+		t.Errorf("no series of %v found in upstream's output to compare", sameValueFamilies)
+	}
+	if len(labelDiffs) > 0 {
+		sort.Strings(labelDiffs)
+		t.Errorf("label names differ:\n    %s", strings.Join(labelDiffs, "\n    "))
+	}
+	if len(valueDiffs) > 0 {
+		sort.Strings(valueDiffs)
+		t.Errorf("values differ after the same traffic:\n    %s", strings.Join(valueDiffs, "\n    "))
 	}
 }
 

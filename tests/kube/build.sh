@@ -10,13 +10,16 @@
 #
 # key = pinned versions + sha256 of both go.mod/go.sum + this script + go version.
 # Builds happen in a temp dir next to the entry and are renamed into place when
-# complete; concurrent callers serialise on a lock file. Builds run one at a time,
+# complete; concurrent callers serialise on a lock file (tests/lib/build-cache.sh, shared with
+# tests/interop/build.sh). Builds run one at a time,
 # under nice -n 10 (the cold kube-apiserver build takes ~8-9 min on 2 cores).
 #
 # Env: GO (go binary), GOMODCACHE/GOCACHE (honoured), KUBE_BUILD_NICE (default 10).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../lib/build-cache.sh
+source "$HERE/../lib/build-cache.sh"
 GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
 NICE="${KUBE_BUILD_NICE:-10}"
 
@@ -39,37 +42,8 @@ done
 GOVERSION="$("$GO" env GOVERSION)"
 SUM="$(cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/etcd/go.mod" "$HERE/etcd/go.sum" "$HERE/build.sh" | sha256sum | cut -c1-16)"
 KEY="kube-${KUBE_VERSION}_etcd-${ETCD_VERSION}_${GOVERSION}_${SUM}"
-CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/konnectivity-kube"
-OUT="$CACHE_ROOT/$KEY"
-BINARIES=(kube-apiserver etcd)
-
-complete() {
-  [[ -f "$OUT/.complete" ]] || return 1
-  local b
-  for b in "${BINARIES[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done
-}
-
-if complete; then
-  echo "build.sh: cache hit ($OUT)" >&2
-  echo "$OUT"
-  exit 0
-fi
-
-mkdir -p "$CACHE_ROOT"
-exec 9>"$CACHE_ROOT/.lock"
-if ! flock -n 9; then
-  echo "build.sh: another build holds $CACHE_ROOT/.lock, waiting" >&2
-  flock 9
-fi
-if complete; then   # built by whoever held the lock
-  echo "build.sh: cache hit after wait ($OUT)" >&2
-  echo "$OUT"
-  exit 0
-fi
-rm -rf "$OUT"       # an incomplete entry (should not happen: we rename into place)
-
-TMP="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
-trap 'rm -rf "$TMP"' EXIT
+cache_setup konnectivity-kube "$KEY" kube-apiserver etcd
+cache_reuse_or_lock
 
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
@@ -101,9 +75,5 @@ build "$HERE/etcd" etcd go.etcd.io/etcd/server/v3 \
   echo "go $GOVERSION"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(secs "$T0" "$(now)")s"
 } >"$TMP/VERSIONS"
-touch "$TMP/.complete"
-chmod 755 "$TMP"
-mv -T "$TMP" "$OUT"
-trap - EXIT
 printf 'build.sh: total %ss\n' "$(secs "$T0" "$(now)")" >&2
-echo "$OUT"
+cache_commit
