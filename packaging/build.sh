@@ -48,7 +48,8 @@ mkdir -p "$OUT"
 # Everything the packages ship must exist (assets are listed in Cargo.toml).
 missing=0
 for f in README.md CHANGELOG.md config/server.toml config/server.toml.deploy \
-         systemd/konnectivity-server.service systemd/konnectivity-server.sysusers \
+         systemd/konnectivity-server.service systemd/konnectivity-server.socket \
+         systemd/konnectivity-server.sysusers \
          systemd/konnectivity-server.service.d/10-notify-reload.conf \
          packaging/default/konnectivity-server packaging/README.md \
          packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm \

@@ -23,6 +23,7 @@ section() { printf '\n=== %s\n' "$*"; }
 REQUIRED=(
   "/usr/bin/konnectivity-server                               -rwxr-xr-x root:root"
   "/usr/lib/systemd/system/konnectivity-server.service        -rw-r--r-- root:root"
+  "/usr/lib/systemd/system/konnectivity-server.socket         -rw-r--r-- root:root"
   "/usr/lib/sysusers.d/konnectivity-server.conf               -rw-r--r-- root:root"
   "/etc/konnectivity/server.toml                              -rw-r----- root:*"
   "/etc/default/konnectivity-server                           -rw-r--r-- root:root"
@@ -78,6 +79,8 @@ if [[ "$DEB" != "-" ]]; then
       bad "postinst starts/restarts the service unconditionally"
     else ok "postinst never starts; restart only via try-restart on opt-in"; fi
     grep -q 'deb-systemd-invoke stop' "$CTRL/prerm" && ok "prerm stops on remove" || bad "prerm does not stop"
+    grep -q 'SOCKET=konnectivity-server.socket' "$CTRL/postinst" && grep -q 'SOCKET' "$CTRL/prerm" \
+      && ok "postinst enables and prerm stops the socket unit too" || bad "socket unit not handled by the maintainer scripts"
     grep -Eq '^[[:space:]]*[a-z|-]*upgrade[a-z|-]*\)' "$CTRL/prerm" && bad "prerm acts on upgrade" || ok "prerm leaves the service alone on upgrade"
     grep -q 'rm -f /etc/konnectivity/server.toml' "$CTRL/postrm" && ok "postrm purge removes the config" || bad "postrm purge"
     dpkg-deb -f "$DEB" Package | grep -qx konnectivity-server && ok "Package: konnectivity-server" || bad "Package field"

@@ -277,6 +277,7 @@ check "/etc/konnectivity/pki root:konnectivity 750" file_is /etc/konnectivity/pk
 check "/etc/default/konnectivity-server root:root 644" file_is /etc/default/konnectivity-server "root:root 644 regular file"
 check "/usr/lib/sysusers.d/konnectivity-server.conf present" c test -f /usr/lib/sysusers.d/konnectivity-server.conf
 check "unit enabled after install" test "$(c systemctl is-enabled "$UNIT" 2>&1)" = enabled
+check "socket unit enabled after install" test "$(c systemctl is-enabled konnectivity-server.socket 2>&1)" = enabled
 check "unit NOT started by install" test "$(c systemctl is-active "$UNIT" 2>&1)" = inactive
 step_end
 
@@ -520,6 +521,78 @@ check "restarted: new MainPID (was $PID_BEFORE), active/running" new_pid_running
 step_end
 
 # ------------------------------------------------------------------------------ remove/purge
+# A client asks for one tunnel every 50 ms through the packaged socket while the service is
+# restarted twice and the package is reinstalled and restarted. With the socket unit and
+# startup_dial_grace (the packaged config sets 10s) no request may fail; the same run without
+# them (socket unit masked, --startup-dial-grace=0s: upstream's behaviour) is measured only.
+restart_load() { # <label>: prints "<ok> <failed>"; the request logs stay in $SCRATCH/host/load-<label>
+  local out="$SCRATCH/host/load-$1" i=0
+  mkdir -p "$out"
+  (
+    while [[ ! -e "$out/stop" ]]; do
+      i=$((i + 1))
+      (
+        if "$B/proxy-test-client" --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS_HOST" \
+          --request-host=127.0.0.1 --request-port="$TEST_SERVER_PORT" --request-path=success \
+          >"$out/$i.log" 2>&1 && grep -q 'The success test page' "$out/$i.log"; then
+          touch "$out/$i.ok"
+        else
+          touch "$out/$i.failed"
+        fi
+      ) &
+      sleep 0.05
+    done
+    wait
+  ) &
+  local loader=$!
+  sleep 2
+  c timeout 120 systemctl restart "$UNIT" >/dev/null 2>&1
+  sleep 3
+  c timeout 120 systemctl restart "$UNIT" >/dev/null 2>&1
+  sleep 3
+  c timeout 120 dpkg -i /var/tmp/kt/n1.deb </dev/null >"$out/dpkg.log" 2>&1
+  c timeout 120 systemctl restart "$UNIT" >/dev/null 2>&1
+  sleep 3
+  touch "$out/stop"
+  wait "$loader"
+  echo "$(find "$out" -name '*.ok' | wc -l) $(find "$out" -name '*.failed' | wc -l)"
+}
+if [[ $INTEROP -eq 1 ]]; then
+  step_begin "restarts and a reinstall under load fail no request (socket unit + startup_dial_grace)"
+  check "socket unit enabled by the package" test "$(c systemctl is-enabled konnectivity-server.socket 2>&1)" = enabled
+  check "socket unit active" test "$(c systemctl is-active konnectivity-server.socket 2>&1)" = active
+  check "the server took the socket systemd passed" eval \
+    'c journalctl -u "$UNIT" --no-pager -o cat | grep -q "using the socket passed by systemd"'
+  check "agent connected (server /readyz 200)" wait_for 20 code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
+  read -r LOAD_OK LOAD_FAILED <<<"$(restart_load socket)"
+  log "      with the socket unit and the grace: $LOAD_OK ok, $LOAD_FAILED failed"
+  check "with the socket unit: requests ran ($LOAD_OK ok)" test "${LOAD_OK:-0}" -gt 100
+  check "with the socket unit: zero failed requests ($LOAD_FAILED failed)" test "${LOAD_FAILED:-1}" -eq 0
+  check "with the socket unit: running after the load" active_running
+  WAITS="$(curl -s --max-time 3 "http://127.0.0.1:$HEALTH_PORT/metrics" | grep '^konnectivity_network_proxy_server_dial_startup_waits_total' | tr '\n' ' ')"
+  log "      startup waits since the last restart: ${WAITS:-none}"
+  step_end
+
+  step_begin "the same without the socket unit and the grace (upstream behaviour; measured, not asserted)"
+  c systemctl stop konnectivity-server.socket >/dev/null 2>&1
+  c systemctl mask konnectivity-server.socket >/dev/null 2>&1
+  ARGS_SAVED="$(grep '^KONNECTIVITY_SERVER_ARGS=' "$CROOT/etc/default/konnectivity-server")"
+  sed -i 's|^KONNECTIVITY_SERVER_ARGS="\(.*\)"|KONNECTIVITY_SERVER_ARGS="\1 --startup-dial-grace=0s"|' "$CROOT/etc/default/konnectivity-server"
+  c timeout 120 systemctl restart "$UNIT" >/dev/null 2>&1
+  check "running without the socket unit (the server binds the socket itself)" active_running
+  check "agent connected again (server /readyz 200)" wait_for 20 code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
+  read -r BASE_OK BASE_FAILED <<<"$(restart_load plain)"
+  log "      without the socket unit and the grace: $BASE_OK ok, $BASE_FAILED failed"
+  RESULTS+=("INFO  restart load: socket unit + grace $LOAD_OK ok / $LOAD_FAILED failed; without them $BASE_OK ok / $BASE_FAILED failed")
+  sed -i "s|^KONNECTIVITY_SERVER_ARGS=.*|$ARGS_SAVED|" "$CROOT/etc/default/konnectivity-server"
+  c systemctl unmask konnectivity-server.socket >/dev/null 2>&1
+  c timeout 120 systemctl stop "$UNIT" >/dev/null 2>&1
+  c systemctl start konnectivity-server.socket >/dev/null 2>&1
+  c timeout 120 systemctl start "$UNIT" >/dev/null 2>&1
+  check "socket unit restored and service running" eval 'active_running && test "$(c systemctl is-active konnectivity-server.socket 2>&1)" = active'
+  step_end
+fi
+
 step_begin "dpkg -r, then dpkg -P"
 OUT="$(c timeout 120 dpkg -r konnectivity-server </dev/null 2>&1)"; RC=$?
 echo "$OUT" | sed 's/^/      | /'

@@ -419,6 +419,88 @@ pub fn hold_open<S: futures_util::Stream + Send + 'static>(
     stream.map(Ok).chain(futures_util::stream::pending())
 }
 
+/// One accepted gRPC connection, as each of its requests sees it: how many streams it has
+/// opened so far. The first stream of a connection accepted before the drain began is served
+/// during the drain (its client raced the drain and did nothing wrong); later ones are not.
+#[derive(Clone, Debug, Default)]
+pub struct ConnStreams(Arc<std::sync::atomic::AtomicU64>);
+
+impl ConnStreams {
+    /// Counts a new stream; returns whether it is the connection's first.
+    pub fn open_first(&self) -> bool {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel) == 0
+    }
+}
+
+/// An accepted connection that hands each request its [`ConnStreams`] (as tonic connect info).
+pub struct Tracked<IO> {
+    io: IO,
+    streams: ConnStreams,
+}
+
+impl<IO> Tracked<IO> {
+    pub fn new(io: IO) -> Tracked<IO> {
+        Tracked {
+            io,
+            streams: ConnStreams::default(),
+        }
+    }
+}
+
+impl<IO: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Tracked<IO> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Tracked<IO> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl<IO> tonic::transport::server::Connected for Tracked<IO> {
+    type ConnectInfo = ConnStreams;
+
+    fn connect_info(&self) -> ConnStreams {
+        self.streams.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -115,6 +115,8 @@ pub struct Metrics {
     pub frontend_queue_budget_closes: prometheus::IntCounter,
     /// Beyond upstream: dials that waited for an agent during --startup-dial-grace, by result.
     startup_waits: IntCounterVec,
+    /// Beyond upstream: dials waiting for an agent right now (--startup-dial-grace).
+    pub dials_waiting_for_agent: IntGauge,
     /// Beyond upstream: protocol violations by peers, whose log lines are rate limited.
     pub peer_violations: IntCounterVec,
     /// Beyond upstream: the allocator's view of memory, read at each scrape.
@@ -253,6 +255,10 @@ impl Metrics {
                 opts("dial_startup_waits_total", "Dials that found no agent during --startup-dial-grace and waited for one, by result (agent: one connected in time; no_agent: none did)."),
                 &["result"],
             ).expect("a valid metric definition"),
+            dials_waiting_for_agent: IntGauge::with_opts(opts(
+                "dials_waiting_for_agent",
+                "Dials that found no agent during --startup-dial-grace and are waiting for one now.",
+            )).expect("a valid metric definition"),
             violation_log: governor::RateLimiter::direct(violation_log_quota()),
             violations_unlogged: std::sync::atomic::AtomicU64::new(0),
             relayed_bytes: IntCounterVec::new(
@@ -340,6 +346,7 @@ impl Metrics {
             Box::new(self.frontend_queue_budget_closes.clone()),
             Box::new(self.peer_violations.clone()),
             Box::new(self.startup_waits.clone()),
+            Box::new(self.dials_waiting_for_agent.clone()),
             Box::new(self.allocator_bytes[0].clone()),
             Box::new(self.allocator_bytes[1].clone()),
             Box::new(self.allocator_bytes[2].clone()),

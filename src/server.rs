@@ -15,6 +15,7 @@ use crate::config::{Config, Mode};
 use crate::frontend::grpc::ProxyFrontend;
 use crate::listen::{
     hold_open, spawn_tls_acceptor, spawn_uds_acceptor, BindError, FrontendListener, Listeners,
+    Tracked,
 };
 use crate::metrics::Metrics;
 use crate::proto::agent_service_server::AgentServiceServer;
@@ -285,18 +286,12 @@ fn serve_grpc<IO, S>(
     what: &'static str,
 ) where
     S: futures_util::Stream<Item = IO> + Send + 'static,
-    IO: tokio::io::AsyncRead
-        + tokio::io::AsyncWrite
-        + tonic::transport::server::Connected
-        + Unpin
-        + Send
-        + 'static,
-    IO::ConnectInfo: Clone + Send + Sync + 'static,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     servers.spawn(async move {
         if let Err(e) = router
             .serve_with_incoming_shutdown(
-                hold_open(incoming.map(AuthorityScrub::new)),
+                hold_open(incoming.map(|io| Tracked::new(AuthorityScrub::new(io)))),
                 stop.cancelled_owned(),
             )
             .await

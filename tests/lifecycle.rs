@@ -552,3 +552,104 @@ fn log_file_is_written_and_starts_over_at_its_cap() {
         "the server's own start line is in the file:\n{text}"
     );
 }
+
+/// Socket activation with systemd's own tool: `systemd-socket-activate` binds the frontend
+/// socket, launches the server on the first connection and passes the socket as `frontend`.
+/// The server must serve that connection (it waited in the backlog), say it took the passed
+/// socket, bind its other ports itself, and leave the socket file to its owner at exit.
+#[test]
+fn socket_activation_serves_the_passed_socket_and_leaves_it_to_its_owner() {
+    use std::os::unix::net::UnixStream;
+    let tool = "systemd-socket-activate";
+    if Command::new(tool).arg("--version").output().is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{tool} is missing (Debian package systemd); CI must have it"
+        );
+        eprintln!("SKIPPED: {tool} is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let sock = dir.path().join("konn.sock");
+    let log = dir.path().join("server.log");
+    let health = free_port();
+    let args = [
+        "--config=".to_string(),
+        "--mode=http-connect".into(),
+        format!("--uds-name={}", sock.display()),
+        "--server-port=0".into(),
+        format!("--cluster-cert={}", pki.server_cert.display()),
+        format!("--cluster-key={}", pki.server_key.display()),
+        format!("--cluster-ca-cert={}", pki.ca_cert.display()),
+        "--agent-bind-address=127.0.0.1".into(),
+        format!("--agent-port={}", free_port()),
+        "--health-bind-address=127.0.0.1".into(),
+        format!("--health-port={health}"),
+        "--admin-bind-address=127.0.0.1".into(),
+        format!("--admin-port={}", free_port()),
+    ];
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Kill(
+        Command::new(tool)
+            .arg(format!("--listen={}", sock.display()))
+            .arg("--fdname=frontend")
+            .arg(BIN)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    poll_until("the socket bound by systemd-socket-activate", || {
+        sock.exists()
+    });
+    // The first connection launches the server; it waits in the backlog until served.
+    let mut conn = UnixStream::connect(&sock).unwrap();
+    conn.set_read_timeout(Some(WAIT)).unwrap();
+    conn.write_all(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 500") && answer.ends_with("No agent available"),
+        "{answer}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("using the socket passed by systemd"),
+        "{text}"
+    );
+    assert_eq!(
+        http_get(health, "/healthz").0,
+        200,
+        "the health port is bound by the server"
+    );
+    // systemd-socket-activate execs the server in its own process.
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + WAIT;
+    let code = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status.code();
+        }
+        assert!(Instant::now() < deadline, "the server did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code, Some(0), "{text}");
+    assert!(!text.contains("panicked at"), "{text}");
+    assert!(
+        sock.exists(),
+        "a socket passed by systemd stays: its owner removes it"
+    );
+}

@@ -9,7 +9,7 @@ fi
 if [ "$1" -eq 1 ]; then
 	# %systemd_post: follow the distribution's preset policy (RHEL/Fedora default: disabled).
 	# Enable explicitly with: systemctl enable --now konnectivity-server
-	systemctl --no-reload preset konnectivity-server.service >/dev/null 2>&1 || :
+	systemctl --no-reload preset konnectivity-server.socket konnectivity-server.service >/dev/null 2>&1 || :
 	echo "konnectivity-server: installed, not started. Put certificates in /etc/konnectivity/pki/,"
 	echo "  review /etc/konnectivity/server.toml, then: systemctl enable --now konnectivity-server"
 fi

@@ -74,17 +74,29 @@ pub struct Dial {
     _drain: TaskTrackerToken,
 }
 
-/// Sends `request` (a DIAL_REQ with id `dial_id` for `address`) to an agent on behalf of the
-/// frontend tunnel whose queue is `link`.
+/// What a frontend asks to dial.
+pub struct DialSpec<'a> {
+    pub kind: FrontendKind,
+    /// Whether this is the first tunnel on its frontend connection. During the drain no new
+    /// connection is accepted, and a new dial on a connection that already carried one is
+    /// refused (its client should move on); the first one of a connection accepted just
+    /// before the drain began is still served, so a restart fails no request.
+    pub first_on_connection: bool,
+    pub address: &'a str,
+    pub dial_id: i64,
+    /// The DIAL_REQ to send, with id `dial_id` for `address`.
+    pub request: Packet,
+}
+
+/// Sends the DIAL_REQ of `spec` to an agent on behalf of the frontend tunnel whose queue is
+/// `link`.
 pub async fn dial(
     shared: &Shared,
-    kind: FrontendKind,
     link: &Arc<FrontendLink>,
-    address: &str,
-    dial_id: i64,
-    request: Packet,
+    spec: DialSpec<'_>,
 ) -> Result<Dial, DialError> {
-    let result = send_dial(shared, link, address, dial_id, request).await;
+    let kind = spec.kind;
+    let result = send_dial(shared, link, spec).await;
     if let Err(e) = result {
         e.record(kind, &shared.metrics);
     }
@@ -94,11 +106,16 @@ pub async fn dial(
 async fn send_dial(
     shared: &Shared,
     link: &Arc<FrontendLink>,
-    address: &str,
-    dial_id: i64,
-    request: Packet,
+    spec: DialSpec<'_>,
 ) -> Result<Dial, DialError> {
-    if shared.is_draining() {
+    let DialSpec {
+        first_on_connection,
+        address,
+        dial_id,
+        request,
+        ..
+    } = spec;
+    if shared.is_draining() && !first_on_connection {
         return Err(DialError::ShuttingDown);
     }
     let agent = match shared.registry.pick(address) {
@@ -159,10 +176,13 @@ async fn wait_for_agent(shared: &Shared, address: &str) -> Option<Arc<AgentSessi
         limit = limit.min(timeout);
     }
     tracing::debug!(%address, ?limit, "no agent yet: waiting for one (startup grace)");
+    let waiting = &shared.metrics.dials_waiting_for_agent;
+    waiting.inc();
     let agent = tokio::select! {
         agent = shared.registry.pick_within(address, limit) => agent,
         _ = shared.hard_stop.cancelled() => None,
     };
+    waiting.dec();
     shared.metrics.startup_wait(agent.is_some());
     agent
 }

@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
-use super::dial::{dial, Dial, DialError, FrontendKind};
+use super::dial::{dial, Dial, DialError, DialSpec, FrontendKind};
 use super::sleep_until_opt;
+use crate::listen::ConnStreams;
 use crate::metrics::{Peer, Segment};
 use crate::proto::packet::Payload;
 use crate::proto::proxy_service_server::ProxyService;
@@ -31,12 +32,19 @@ impl ProxyService for ProxyFrontend {
         request: Request<Streaming<Packet>>,
     ) -> Result<Response<FrontendQueue>, Status> {
         let shared = self.shared.clone();
+        // The first stream of a connection is served also during the drain: the connection
+        // was accepted before it began, and its client could not know.
+        let first_on_connection = request
+            .extensions()
+            .get::<ConnStreams>()
+            .is_none_or(ConnStreams::open_first);
         let (link, queue) = shared.tunnel_queue();
         let tunnel = GrpcTunnel {
             shared: shared.clone(),
             link,
             dial: None,
             stopped: false,
+            first_on_connection,
         };
         shared.tasks.spawn(tunnel.serve(request.into_inner()));
         Ok(Response::new(queue))
@@ -49,6 +57,8 @@ struct GrpcTunnel {
     link: Arc<FrontendLink>,
     /// The dial this stream sent, once it reached an agent.
     dial: Option<Dial>,
+    /// Whether this is its connection's first stream (see [`DialSpec`]).
+    first_on_connection: bool,
     /// After a fatal error the stream is only drained, as upstream does, until the client ends it.
     stopped: bool,
 }
@@ -134,17 +144,14 @@ impl GrpcTunnel {
             }
             return;
         }
-        let kind = FrontendKind::Grpc;
-        match dial(
-            &self.shared,
-            kind,
-            &self.link,
-            &req.address,
-            req.random,
-            packet,
-        )
-        .await
-        {
+        let spec = DialSpec {
+            kind: FrontendKind::Grpc,
+            first_on_connection: self.first_on_connection,
+            address: &req.address,
+            dial_id: req.random,
+            request: packet,
+        };
+        match dial(&self.shared, &self.link, spec).await {
             Ok(dial) => self.dial = Some(dial),
             Err(e) => {
                 let text = match e {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::dial::{dial, Dial, DialError, FrontendKind};
+use super::dial::{dial, Dial, DialError, DialSpec, FrontendKind};
 use crate::backend::session::AgentSession;
 use crate::proto::packet::Payload;
 use crate::state::Shared;
@@ -187,9 +187,15 @@ where
     let address = head.target.clone();
     let (link, mut queue) = shared.tunnel_queue();
     let dial_id = fastrand::i64(0..i64::MAX);
-    let request = dial_request(&address, dial_id);
-    let kind = FrontendKind::HttpConnect;
-    let mut dial = match dial(shared, kind, &link, &address, dial_id, request).await {
+    let spec = DialSpec {
+        kind: FrontendKind::HttpConnect,
+        // One tunnel per connection, accepted before any drain began.
+        first_on_connection: true,
+        address: &address,
+        dial_id,
+        request: dial_request(&address, dial_id),
+    };
+    let mut dial = match dial(shared, &link, spec).await {
         Ok(dial) => dial,
         Err(e) => return answer(&mut stream, &dial_error_response(e)).await,
     };

@@ -268,6 +268,12 @@ impl Harness {
         )
     }
 
+    /// Starts the drain as SIGTERM does (new agents and later dials refused), without
+    /// stopping the server.
+    pub fn start_draining(&self) {
+        self.server.shared.start_draining();
+    }
+
     /// Waits until the server has this many agents registered.
     pub async fn wait_agents(&self, n: usize) {
         eventually(
