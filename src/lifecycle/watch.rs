@@ -15,6 +15,9 @@ use notify::{EventKind, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
 const DEBOUNCE: Duration = Duration::from_millis(300);
+/// However busy the watched directories are (a log file written next to the certificates),
+/// the files are looked at no later than this after the first event.
+const MAX_SETTLE: Duration = Duration::from_secs(2);
 
 /// The files a configuration depends on.
 pub fn watched_files(config: &crate::config::Config) -> Vec<PathBuf> {
@@ -77,12 +80,17 @@ pub fn watch(
     let mut last = fingerprint(&files);
     tokio::spawn(async move {
         while events_rx.recv().await.is_some() {
-            // Let a burst (write, rename, symlink swap) settle.
+            // Let a burst (write, rename, symlink swap) settle, but not forever.
+            let settle_by = tokio::time::Instant::now() + MAX_SETTLE;
             loop {
-                match tokio::time::timeout(DEBOUNCE, events_rx.recv()).await {
-                    Ok(Some(())) => continue,
-                    Ok(None) => return,
-                    Err(_) => break,
+                let quiet = tokio::time::sleep(DEBOUNCE);
+                tokio::select! {
+                    event = events_rx.recv() => match event {
+                        Some(()) if tokio::time::Instant::now() < settle_by => continue,
+                        Some(()) => break,
+                        None => return,
+                    },
+                    _ = quiet => break,
                 }
             }
             let files = files.clone();
@@ -98,4 +106,39 @@ pub fn watch(
         }
     });
     Ok(watcher)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_change_is_seen_while_a_neighbour_file_is_written_all_the_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("cluster.crt");
+        std::fs::write(&cert, "one").unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        let _watcher = watch(vec![cert.clone()], tx).unwrap();
+        // A log next to the certificate, written every 50 ms for 20 s.
+        let noise = dir.path().join("server.log");
+        let stop = tokio_util::sync::CancellationToken::new();
+        let writer = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let until = tokio::time::Instant::now() + Duration::from_secs(20);
+                while tokio::time::Instant::now() < until && !stop.is_cancelled() {
+                    std::fs::write(&noise, "line\n").unwrap();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        std::fs::write(&cert, "two").unwrap();
+        let seen = tokio::time::timeout(Duration::from_secs(15), rx.recv()).await;
+        let writing = !writer.is_finished();
+        stop.cancel();
+        writer.await.unwrap();
+        assert!(matches!(seen, Ok(Some(()))), "the change was not reported");
+        assert!(writing, "reported only after the neighbour stopped writing");
+    }
 }
