@@ -246,7 +246,10 @@ func scHOL(t *testing.T, e *env, d dialer, p holParams) {
 	} else if f := fullAt.Load(); f != 0 && time.Duration(closedAt.Load()-f) > p.stall+1300*time.Millisecond {
 		t.Errorf("the stalled tunnel was closed %v after its queue was full, want <= %v + 1 s", time.Duration(closedAt.Load()-f), p.stall)
 	}
-	if overflows < 1 {
+	// konnectivity-client itself gives up on a gRPC tunnel its application has not read for
+	// 10 s (its readTimeout), before the default 30 s stall limit: then the client closed it.
+	clientClosed := e.mode == "grpc" && p.stall > 10*time.Second
+	if overflows < 1 && !clientClosed {
 		t.Errorf("%s = %v, want >= 1", metricOverfl, overflows)
 	}
 }

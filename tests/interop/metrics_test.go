@@ -33,6 +33,14 @@ var ourAdditions = map[string]bool{
 	serverPrefix + "build_info":                            true,
 	serverPrefix + "token_reviews_total":                   true,
 	serverPrefix + "token_review_cache_hits_total":         true,
+	serverPrefix + "frontend_queued_bytes":                 true,
+	serverPrefix + "frontend_queue_budget_closes_total":    true,
+	serverPrefix + "dial_startup_waits_total":              true,
+	serverPrefix + "dials_waiting_for_agent":               true,
+	serverPrefix + "peer_violations_total":                 true,
+	serverPrefix + "allocator_allocated_bytes":             true,
+	serverPrefix + "allocator_active_bytes":                true,
+	serverPrefix + "allocator_resident_bytes":              true,
 }
 
 // newerThanUpstreamBinary are upstream v0.37 families (after the v0.36.0 we can build): ours
