@@ -150,6 +150,7 @@ func scMemory(t *testing.T, e *env, d dialer) {
 		}
 	}
 	if closedAt.IsZero() {
+		t.Logf("MEM-FIGURES mode=%s stalled=%d baseline_rss=%s peak_rss=%s (not all closed)", e.mode, memStalled, fmtMiB(base), fmtMiB(peak))
 		m, _ := e.serverMetrics()
 		t.Fatalf("the stalled tunnels were not all closed within 90 s: budget closes %v, overflows %v, established %v, queued %v",
 			m.sum(metricBudgetClos), m.sum(metricOverfl), m.sum(metricEstablished), fmtMiB(int64(m.sum(metricQueued))))
