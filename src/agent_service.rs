@@ -11,7 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::backend::dispatch::{route_from_agent, teardown_agent};
 use crate::backend::identifiers::AgentIdentifiers;
 use crate::backend::session::AgentSession;
-use crate::metrics::Segment;
+use crate::metrics::{stream_error_code, Segment};
 use crate::proto::agent_service_server::AgentService;
 use crate::proto::Packet;
 use crate::state::Shared;
@@ -69,11 +69,14 @@ impl AgentService for AgentServer {
         request: Request<Streaming<Packet>>,
     ) -> Result<Response<ConnectStream>, Status> {
         let shared = &self.shared;
-        let (agent_id, identifiers) = read_agent_metadata(request.metadata())?;
+        let (agent_id, identifiers) = read_agent_metadata(request.metadata()).inspect_err(|e| {
+            tracing::error!(err = %e.message(), "Invalid backend");
+        })?;
         if shared.is_draining() {
             return Err(Status::unavailable("konnectivity-server is shutting down"));
         }
         let snapshot = shared.snapshot();
+        tracing::info!(v = 2, agentID = %agent_id, serverID = %snapshot.config.server_id, "Connect request from agent");
         if let Some(authenticator) = &shared.authenticator {
             let expected = crate::kubernetes::auth::Expected {
                 namespace: snapshot.config.agent_namespace.clone(),
@@ -84,7 +87,7 @@ impl AgentService for AgentServer {
                 .authenticate(request.metadata(), &expected, &shared.metrics)
                 .await
             {
-                tracing::warn!(agent_id = %agent_id, error = %message, "agent authentication failed");
+                tracing::error!(err = %message, agentID = %agent_id, "Client authentication failed");
                 return Err(Status::unknown(message));
             }
         }
@@ -101,7 +104,13 @@ impl AgentService for AgentServer {
             retired.clone(),
             shared.metrics.clone(),
         ));
-        tracing::info!(agent_id = %session.agent_id, identifiers = ?session.identifiers, "agent connected");
+        tracing::info!(
+            v = 2,
+            agentID = %session.agent_id,
+            serverID = %snapshot.config.server_id,
+            identifiers = ?session.identifiers,
+            "Agent connected"
+        );
         let ending = Arc::new(std::sync::Mutex::new(None::<Status>));
         shared.registry.add(&session);
         shared
@@ -157,16 +166,28 @@ async fn serve_agent(
     ending: Arc<std::sync::Mutex<Option<Status>>>,
 ) {
     let metrics = &shared.metrics;
+    let agent_id = &session.agent_id;
     loop {
         tokio::select! {
             biased;
-            _ = session.retired.cancelled() => break,
+            _ = session.retired.cancelled() => {
+                tracing::info!(v = 2, agentID = %agent_id, "Backend connection retired");
+                break;
+            }
             message = inbound.message() => match message {
                 Ok(Some(packet)) => route_from_agent(&session, &shared.registry, metrics, packet).await,
-                Ok(None) => break,
+                Ok(None) => {
+                    tracing::info!(v = 2, agentID = %agent_id, "Receive stream from agent is closed");
+                    break;
+                }
                 Err(status) => {
-                    metrics.stream_error(Segment::FromAgent, status.code(), "Unknown");
-                    tracing::info!(agent_id = %session.agent_id, error = %status.message(), "agent stream ended with an error");
+                    let code = stream_error_code(&status);
+                    metrics.stream_error(Segment::FromAgent, code, "Unknown");
+                    if code == tonic::Code::Cancelled {
+                        tracing::info!(v = 2, agentID = %agent_id, "Stream read from agent cancelled");
+                    } else {
+                        tracing::error!(err = %status.message(), agentID = %agent_id, "Receive stream from agent read failure");
+                    }
                     *ending.lock().unwrap_or_else(|p| p.into_inner()) = broken_stream_status(&status);
                     break;
                 }
@@ -180,5 +201,5 @@ async fn serve_agent(
         .grpc_connections
         .with_label_values(&["Connect"])
         .dec();
-    tracing::info!(agent_id = %session.agent_id, "agent disconnected");
+    tracing::info!(v = 3, agentID = %session.agent_id, "Close backend of agent");
 }

@@ -9,6 +9,7 @@
 // metrics, config.
 mod allocator;
 pub mod config;
+pub mod gofmt;
 mod metrics;
 pub mod proto;
 pub mod wire;

@@ -361,6 +361,7 @@ impl Metrics {
             Box::new(self.last_reload_success.clone()),
             Box::new(self.build_info.clone()),
             Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+            Box::new(ProcessExtras::new()),
         ];
         for c in collectors {
             r.register(c).expect("metric names are unique");
@@ -421,9 +422,8 @@ impl Metrics {
     }
 
     pub fn stream_error(&self, segment: Segment, code: tonic::Code, packet_type: &str) {
-        let code = format!("{code:?}");
         self.stream_errors
-            .with_label_values(&[segment.label(), &code, packet_type])
+            .with_label_values(&[segment.label(), go_code_name(code), packet_type])
             .inc();
     }
 
@@ -484,12 +484,269 @@ impl Metrics {
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
             .expect("text encoding cannot fail");
-        String::from_utf8(out).expect("text exposition is UTF-8")
+        go_spelling(&String::from_utf8(out).expect("text exposition is UTF-8"))
     }
+}
+
+/// A gRPC code as grpc-go's `codes.Code.String()` spells it (`Canceled`, `OK`), which is what
+/// the `code` label holds upstream; tonic spells two of them differently.
+pub fn go_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "Canceled",
+        Unknown => "Unknown",
+        InvalidArgument => "InvalidArgument",
+        DeadlineExceeded => "DeadlineExceeded",
+        NotFound => "NotFound",
+        AlreadyExists => "AlreadyExists",
+        PermissionDenied => "PermissionDenied",
+        ResourceExhausted => "ResourceExhausted",
+        FailedPrecondition => "FailedPrecondition",
+        Aborted => "Aborted",
+        OutOfRange => "OutOfRange",
+        Unimplemented => "Unimplemented",
+        Internal => "Internal",
+        Unavailable => "Unavailable",
+        DataLoss => "DataLoss",
+        Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// The gRPC code upstream counts for a stream that failed with `status`. A peer that goes
+/// away (it cancelled the stream, or its connection ended) is `Canceled` in grpc-go, whose
+/// stream context is cancelled then; tonic reports those as transport errors (Unknown).
+pub fn stream_error_code(status: &tonic::Status) -> tonic::Code {
+    let code = status.code();
+    if code == tonic::Code::Unknown && peer_went_away(status) {
+        return tonic::Code::Cancelled;
+    }
+    code
+}
+
+fn peer_went_away(status: &tonic::Status) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            // The connection broke or closed under the stream, or the peer reset it with CANCEL.
+            return h2.is_io() || h2.is_go_away() || h2.reason() == Some(h2::Reason::CANCEL);
+        }
+        if error.is::<std::io::Error>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
+/// The process families Go's client_golang collector has and the prometheus crate's lacks:
+/// network bytes from `/proc/self/net/netstat` (`IpExt` InOctets/OutOctets, as procfs reads
+/// them) and the address-space limit (RLIMIT_AS; unlimited is 2^64-1, as Go reports it).
+struct ProcessExtras {
+    receive: prometheus::core::Desc,
+    transmit: prometheus::core::Desc,
+    max_vsize: prometheus::core::Desc,
+}
+
+impl ProcessExtras {
+    fn new() -> ProcessExtras {
+        let desc = |name: &str, help: &str| {
+            prometheus::core::Desc::new(name.into(), help.into(), vec![], Default::default())
+                .expect("a valid metric definition")
+        };
+        ProcessExtras {
+            receive: desc(
+                "process_network_receive_bytes_total",
+                "Number of bytes received by the process over the network.",
+            ),
+            transmit: desc(
+                "process_network_transmit_bytes_total",
+                "Number of bytes sent by the process over the network.",
+            ),
+            max_vsize: desc(
+                "process_virtual_memory_max_bytes",
+                "Maximum amount of virtual memory available in bytes.",
+            ),
+        }
+    }
+}
+
+/// `IpExt` InOctets and OutOctets from a `/proc/<pid>/net/netstat` text.
+pub fn ip_octets(netstat: &str) -> Option<(f64, f64)> {
+    let mut lines = netstat.lines().filter(|l| l.starts_with("IpExt:"));
+    let names = lines.next()?.split_whitespace();
+    let values = lines.next()?.split_whitespace();
+    let (mut rx, mut tx) = (0.0, 0.0);
+    for (name, value) in names.zip(values) {
+        match name {
+            "InOctets" => rx = value.parse().ok()?,
+            "OutOctets" => tx = value.parse().ok()?,
+            _ => {}
+        }
+    }
+    Some((rx, tx))
+}
+
+impl prometheus::core::Collector for ProcessExtras {
+    fn desc(&self) -> Vec<&prometheus::core::Desc> {
+        vec![&self.max_vsize, &self.receive, &self.transmit]
+    }
+
+    fn collect(&self) -> Vec<prometheus::proto::MetricFamily> {
+        use prometheus::proto::{Counter, Gauge as GaugeValue, Metric, MetricFamily, MetricType};
+        let family = |desc: &prometheus::core::Desc, kind: MetricType, value: f64| {
+            let mut metric = Metric::default();
+            if kind == MetricType::COUNTER {
+                let mut counter = Counter::default();
+                counter.set_value(value);
+                metric.set_counter(counter);
+            } else {
+                let mut gauge = GaugeValue::default();
+                gauge.set_value(value);
+                metric.set_gauge(gauge);
+            }
+            let mut family = MetricFamily::default();
+            family.set_name(desc.fq_name.clone());
+            family.set_help(desc.help.clone());
+            family.set_field_type(kind);
+            family.set_metric(vec![metric]);
+            family
+        };
+        let mut families = Vec::new();
+        if let Ok((soft, _)) = rlimit::getrlimit(rlimit::Resource::AS) {
+            families.push(family(&self.max_vsize, MetricType::GAUGE, soft as f64));
+        }
+        if let Some((rx, tx)) = std::fs::read_to_string("/proc/self/net/netstat")
+            .ok()
+            .as_deref()
+            .and_then(ip_octets)
+        {
+            families.push(family(&self.receive, MetricType::COUNTER, rx));
+            families.push(family(&self.transmit, MetricType::COUNTER, tx));
+        }
+        families
+    }
+}
+
+/// The text exposition with numbers spelled as Go's expfmt spells them (`strconv` `'g'`):
+/// `le="1e-06"` rather than `le="0.000001"`, and sample values likewise.
+pub fn go_spelling(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / 8);
+    for line in text.lines() {
+        if line.starts_with('#') {
+            out.push_str(line);
+            out.push('\n');
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or((line, ""));
+        let series = match series.find("le=\"") {
+            Some(at) => {
+                let start = at + 4;
+                match series[start..].find('"') {
+                    Some(len) => match series[start..start + len].parse::<f64>() {
+                        Ok(le) => format!(
+                            "{}{}{}",
+                            &series[..start],
+                            crate::gofmt::go_float(le),
+                            &series[start + len..]
+                        ),
+                        Err(_) => series.to_string(),
+                    },
+                    None => series.to_string(),
+                }
+            }
+            None => series.to_string(),
+        };
+        out.push_str(&series);
+        if !value.is_empty() {
+            out.push(' ');
+            match value.parse::<f64>() {
+                Ok(v) => out.push_str(&crate::gofmt::go_float(v)),
+                Err(_) => out.push_str(value),
+            }
+        }
+        out.push('\n');
+    }
+    out
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_le_labels_are_spelled_as_go_spells_them() {
+        let m = Metrics::new();
+        m.dial_duration.observe(0.003);
+        let text = m.render();
+        for le in [
+            "1e-06", "1e-05", "0.0001", "0.005", "0.025", "0.1", "0.5", "2.5", "12.5", "+Inf",
+        ] {
+            let line = format!(
+                "konnectivity_network_proxy_server_dial_duration_seconds_bucket{{le=\"{le}\"}} "
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        assert!(!text.contains("0.000001"), "{text}");
+        assert!(
+            text.contains("konnectivity_network_proxy_server_dial_duration_seconds_sum 0.003\n")
+        );
+        assert!(text.contains("konnectivity_network_proxy_server_connection_duration_seconds_bucket{le=\"86400\"} 0\n"));
+    }
+
+    #[test]
+    fn go_spelling_rewrites_numbers_only() {
+        let text = "# HELP x Some help 0.000001.\n# TYPE x counter\nx{a=\"le=\"} 23509451318\ny_bucket{le=\"0.000001\"} 3\nz NaN\n";
+        assert_eq!(
+            go_spelling(text),
+            "# HELP x Some help 0.000001.\n# TYPE x counter\nx{a=\"le=\"} 2.3509451318e+10\ny_bucket{le=\"1e-06\"} 3\nz NaN\n"
+        );
+    }
+
+    #[test]
+    fn process_families_match_gos_collector() {
+        let text = Metrics::new().render();
+        for (name, help) in [
+            (
+                "process_network_receive_bytes_total",
+                "Number of bytes received by the process over the network.",
+            ),
+            (
+                "process_network_transmit_bytes_total",
+                "Number of bytes sent by the process over the network.",
+            ),
+            (
+                "process_virtual_memory_max_bytes",
+                "Maximum amount of virtual memory available in bytes.",
+            ),
+        ] {
+            assert!(
+                text.contains(&format!("# HELP {name} {help}\n")),
+                "{name}: {text}"
+            );
+        }
+        let netstat =
+            "TcpExt: A B\nTcpExt: 1 2\nIpExt: InNoRoutes InOctets OutOctets\nIpExt: 0 1234 5678\n";
+        assert_eq!(ip_octets(netstat), Some((1234.0, 5678.0)));
+    }
+
+    #[test]
+    fn a_peer_that_cancels_is_canceled() {
+        assert_eq!(
+            stream_error_code(&tonic::Status::cancelled("x")),
+            tonic::Code::Cancelled
+        );
+        assert_eq!(
+            stream_error_code(&tonic::Status::internal("x")),
+            tonic::Code::Internal
+        );
+        assert_eq!(go_code_name(tonic::Code::Cancelled), "Canceled");
+        assert_eq!(go_code_name(tonic::Code::Ok), "OK");
     }
 }

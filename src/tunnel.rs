@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -149,6 +149,15 @@ struct QueueState {
     limits: QueueLimits,
     budget: Arc<QueueBudget>,
     metrics: Arc<Metrics>,
+    /// DATA bytes the frontend took (the access log's bytes toward the client).
+    taken_bytes: AtomicU64,
+    /// Whether packets the frontend takes count as `to_client` packets: gRPC frontends only,
+    /// as upstream counts them.
+    client_segment: AtomicBool,
+    /// Why the tunnel ended, as first noted by whichever side ended it (the access log).
+    end: Mutex<Option<String>>,
+    /// The dial address, for log lines written on the agent side.
+    destination: std::sync::OnceLock<String>,
 }
 
 /// A frontend that took something this recently is still reading: the agent may wait for it.
@@ -309,6 +318,10 @@ impl FrontendLink {
             limits,
             budget,
             metrics,
+            taken_bytes: AtomicU64::new(0),
+            client_segment: AtomicBool::new(true),
+            end: Mutex::new(None),
+            destination: std::sync::OnceLock::new(),
         });
         let link = Arc::new(FrontendLink {
             uid,
@@ -325,6 +338,44 @@ impl FrontendLink {
 
     pub(crate) fn set_connect_id(&self, connect_id: i64) {
         self.connect_id.store(connect_id, Ordering::Release);
+    }
+
+    /// Notes why the tunnel ends, unless a reason was noted already: the first one stands.
+    pub fn note_end(&self, reason: impl FnOnce() -> String) {
+        let mut end = self.state.end.lock().unwrap_or_else(|p| p.into_inner());
+        if end.is_none() {
+            *end = Some(reason());
+        }
+    }
+
+    /// The reason noted first, if any.
+    pub fn end_reason(&self) -> Option<String> {
+        self.state
+            .end
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Records the address this tunnel dials (once).
+    pub fn set_destination(&self, address: &str) {
+        let _ = self.state.destination.set(address.to_string());
+    }
+
+    /// The address this tunnel dials; empty before the frontend asked.
+    pub fn destination(&self) -> &str {
+        self.state.destination.get().map_or("", String::as_str)
+    }
+
+    /// DATA bytes the frontend has taken from the queue so far.
+    pub fn taken_bytes(&self) -> u64 {
+        self.state.taken_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Stops counting taken packets as `to_client` packets (HTTP-CONNECT: upstream counts only
+    /// the agent segments there).
+    pub fn without_client_segment(&self) {
+        self.state.client_segment.store(false, Ordering::Relaxed);
     }
 
     /// The server-wide budget this queue counts against.
@@ -412,6 +463,7 @@ impl FrontendLink {
                 return Delivery::Overflow;
             }
         }
+        note_terminal(self, &packet);
         state.add_bytes(bytes);
         slots.packets.push_back(packet);
         drop(slots);
@@ -430,6 +482,7 @@ impl FrontendLink {
     /// frontend may never read again), control packets stay, and a writer waiting on the
     /// frontend is told. Returns the bytes dropped.
     pub fn abort(&self) -> usize {
+        self.note_end(|| "frontend not reading".into());
         self.state.aborted.cancel();
         self.state.purge_data()
     }
@@ -443,6 +496,24 @@ impl FrontendLink {
     /// The frontend dropped its end of the queue.
     pub fn is_closed(&self) -> bool {
         self.state.slots().receiver_gone
+    }
+}
+
+/// Notes the end of the tunnel that a control packet toward the frontend means.
+fn note_terminal(link: &FrontendLink, packet: &Packet) {
+    use crate::proto::packet::Payload;
+    match &packet.payload {
+        Some(Payload::CloseResponse(rsp)) if rsp.error.is_empty() => {
+            link.note_end(|| "agent closed".into())
+        }
+        Some(Payload::CloseResponse(rsp)) => {
+            link.note_end(|| format!("agent closed: {}", rsp.error))
+        }
+        Some(Payload::DialResponse(rsp)) if !rsp.error.is_empty() => {
+            link.note_end(|| format!("dial failed: {}", rsp.error))
+        }
+        Some(Payload::CloseDial(_)) => link.note_end(|| "dial closed by agent".into()),
+        _ => {}
     }
 }
 
@@ -463,8 +534,14 @@ pub struct FrontendQueue {
 
 impl FrontendQueue {
     fn account(&self, packet: &Packet) {
-        self.state.took(data_len(packet));
-        self.state.metrics.packet(Segment::ToClient, packet.r#type);
+        let bytes = data_len(packet);
+        self.state.took(bytes);
+        self.state
+            .taken_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        if self.state.client_segment.load(Ordering::Relaxed) {
+            self.state.metrics.packet(Segment::ToClient, packet.r#type);
+        }
     }
 
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Packet>> {

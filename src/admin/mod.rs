@@ -33,11 +33,50 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
         .expect("static response parts are valid")
 }
 
-fn metrics_response(shared: &Shared) -> Response<Full<Bytes>> {
-    Response::builder()
+/// Whether an `Accept-Encoding` value accepts gzip (as promhttp reads it: any `gzip` token
+/// whose quality is not 0).
+pub fn accepts_gzip(accept_encoding: &str) -> bool {
+    accept_encoding.split(',').any(|coding| {
+        let mut parts = coding.split(';').map(str::trim);
+        let name = parts.next().unwrap_or_default();
+        let zero_q = parts.any(|p| {
+            p.strip_prefix("q=")
+                .and_then(|q| q.parse::<f32>().ok())
+                .is_some_and(|q| q == 0.0)
+        });
+        name.eq_ignore_ascii_case("gzip") && !zero_q
+    })
+}
+
+/// `/metrics`, gzipped when the scraper accepts it (Prometheus always does), as promhttp.
+fn metrics_response(shared: &Shared, gzip: bool) -> Response<Full<Bytes>> {
+    let text = shared.metrics.render();
+    let builder = Response::builder()
         .status(StatusCode::OK)
-        .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-        .body(Full::new(Bytes::from(shared.metrics.render())))
+        .header("content-type", "text/plain; version=0.0.4; charset=utf-8");
+    let (builder, body) = if gzip {
+        use std::io::Write;
+        let mut encoder = flate2::write::GzEncoder::new(
+            Vec::with_capacity(text.len() / 4),
+            flate2::Compression::fast(),
+        );
+        let compressed = encoder
+            .write_all(text.as_bytes())
+            .and_then(|()| encoder.finish());
+        match compressed {
+            Ok(bytes) => (
+                builder
+                    .header("content-encoding", "gzip")
+                    .header("vary", "Accept-Encoding"),
+                Bytes::from(bytes),
+            ),
+            Err(_) => (builder, Bytes::from(text)),
+        }
+    } else {
+        (builder, Bytes::from(text))
+    };
+    builder
+        .body(Full::new(body))
         .expect("static response parts are valid")
 }
 
@@ -102,10 +141,11 @@ pub async fn route(
     shared: &Shared,
     path: &str,
     query: Option<&str>,
+    gzip: bool,
 ) -> Response<Full<Bytes>> {
     let profiling = port == Port::Admin && shared.snapshot().config.enable_profiling;
     match (port, path) {
-        (_, "/metrics") => metrics_response(shared),
+        (_, "/metrics") => metrics_response(shared, gzip),
         (Port::Health, "/healthz") => text(StatusCode::OK, "ok"),
         (Port::Health, "/readyz" | "/ready") => readiness(shared),
         (Port::Admin, "/agents") => agents_response(shared),
@@ -155,7 +195,15 @@ pub fn spawn_http(tasks: &TaskTracker, listener: TcpListener, port: Port, shared
                     let shared = shared.clone();
                     async move {
                         let uri = req.uri();
-                        Ok::<_, Infallible>(route(port, &shared, uri.path(), uri.query()).await)
+                        let gzip = req
+                            .headers()
+                            .get_all(http::header::ACCEPT_ENCODING)
+                            .iter()
+                            .filter_map(|v| v.to_str().ok())
+                            .any(accepts_gzip);
+                        Ok::<_, Infallible>(
+                            route(port, &shared, uri.path(), uri.query(), gzip).await,
+                        )
                     }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
@@ -172,4 +220,18 @@ pub fn spawn_http(tasks: &TaskTracker, listener: TcpListener, port: Port, shared
         connections.close();
         connections.wait().await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accepts_gzip;
+
+    #[test]
+    fn gzip_is_used_when_accepted() {
+        assert!(accepts_gzip("gzip"));
+        assert!(accepts_gzip("deflate, GZIP;q=0.5"));
+        assert!(!accepts_gzip("identity"));
+        assert!(!accepts_gzip("gzip;q=0"));
+        assert!(!accepts_gzip(""));
+    }
 }

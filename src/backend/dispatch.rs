@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::session::{AgentSession, Establish};
 use super::Registry;
+use crate::gofmt::GoDuration;
 use crate::metrics::{DialFailure, Metrics, Peer, Segment};
 use crate::proto::packet::Payload;
 use crate::proto::{DialResponse, Packet, PacketType};
@@ -57,29 +58,44 @@ pub async fn route_from_agent(
             on_data(agent, registry, metrics, connect_id, packet).await
         }
         (Ok(PacketType::CloseRsp), Some(Payload::CloseResponse(rsp))) => {
-            match agent.remove_established(rsp.connect_id) {
+            let connect_id = rsp.connect_id;
+            tracing::debug!(agentID = %agent.agent_id, connectionID = connect_id, "Received CLOSE_RSP");
+            match agent.remove_established(connect_id) {
                 Some(entry) => {
-                    entry.link.deliver(packet);
+                    if entry.link.deliver(packet) == Delivery::Gone {
+                        tracing::error!(err = "frontend gone", agentID = %agent.agent_id, connectionID = connect_id, "CLOSE_RSP send to client stream error");
+                    } else {
+                        tracing::debug!(connectionID = connect_id, "CLOSE_RSP sent to frontend");
+                    }
                 }
                 None => {
-                    tracing::debug!(agent_id = %agent.agent_id, connect_id = rsp.connect_id, "CLOSE_RSP for an unknown connection")
+                    tracing::info!(v = 2, agentID = %agent.agent_id, connectionID = connect_id, "could not get frontend client for closing")
                 }
             }
         }
         (Ok(PacketType::DialCls), Some(Payload::CloseDial(cls))) => {
+            tracing::debug!(agentID = %agent.agent_id, dialID = cls.random, "Received DIAL_CLS");
             match agent.take_pending(cls.random) {
                 Some(pending) => {
                     metrics.dial_failure(DialFailure::BackendClose);
+                    tracing::error!(
+                        dialID = cls.random,
+                        agentID = %agent.agent_id,
+                        dialAddress = %pending.link.destination(),
+                        dialDuration = %GoDuration(pending.started.elapsed()),
+                        "Dial terminated (DIAL_CLS) by backend"
+                    );
                     pending.link.deliver(packet);
                 }
                 None => {
-                    tracing::debug!(agent_id = %agent.agent_id, dial_id = cls.random, "DIAL_CLS for an unknown dial")
+                    tracing::info!(v = 2, dialID = cls.random, agentID = %agent.agent_id, "DIAL_CLS not recognized; dropped")
                 }
             }
         }
         (Ok(PacketType::Drain), _) => {
-            tracing::info!(agent_id = %agent.agent_id, "agent is draining; new dials will prefer other agents");
+            tracing::info!(v = 2, agentID = %agent.agent_id, "agent is draining");
             agent.set_draining();
+            tracing::info!(v = 2, agentID = %agent.agent_id, "marked backend as draining, will not route new requests to this agent");
         }
         (Ok(kind), _) => {
             if let Some(unlogged) = metrics.peer_violation(Peer::Agent, "unexpected_packet") {
@@ -105,9 +121,11 @@ async fn on_dial_response(
     rsp: DialResponse,
     packet: Packet,
 ) {
+    tracing::debug!(dialID = rsp.random, agentID = %agent.agent_id, connectionID = rsp.connect_id, "Received DIAL_RSP");
     if !rsp.error.is_empty() {
         match agent.take_pending(rsp.random) {
             Some(pending) => {
+                tracing::error!(err = %rsp.error, dialID = rsp.random, agentID = %agent.agent_id, dialAddress = %pending.link.destination(), "DIAL_RSP contains failure");
                 metrics.dial_failure(DialFailure::ErrorResponse);
                 pending.link.deliver(packet);
             }
@@ -129,8 +147,17 @@ async fn on_dial_response(
                 metrics
                     .dial_duration
                     .observe(started.elapsed().as_secs_f64());
-                tracing::debug!(agent_id = %agent.agent_id, dial_id = rsp.random, connect_id = rsp.connect_id, "tunnel established");
+                tracing::info!(
+                    v = 3,
+                    dialID = rsp.random,
+                    connectionID = rsp.connect_id,
+                    agentID = %agent.agent_id,
+                    dialAddress = %link.destination(),
+                    dialDuration = %GoDuration(started.elapsed()),
+                    "Proxy connection established"
+                );
             } else {
+                tracing::error!(err = "frontend gone", dialID = rsp.random, agentID = %agent.agent_id, connectionID = rsp.connect_id, "DIAL_RSP send to frontend stream failure");
                 metrics.dial_failure(DialFailure::SendRsp);
                 agent.remove_established(rsp.connect_id);
                 close_at_agent(agent, rsp.connect_id).await;
@@ -141,7 +168,7 @@ async fn on_dial_response(
 
 async fn reject_unrecognized(agent: &AgentSession, metrics: &Metrics, rsp: &DialResponse) {
     metrics.dial_failure(DialFailure::UnrecognizedResponse);
-    tracing::debug!(agent_id = %agent.agent_id, dial_id = rsp.random, "DIAL_RSP for an unknown dial");
+    tracing::info!(v = 2, dialID = rsp.random, agentID = %agent.agent_id, connectionID = rsp.connect_id, "DIAL_RSP not recognized; dropped");
     if rsp.connect_id != 0 {
         close_at_agent(agent, rsp.connect_id).await;
     }
@@ -154,15 +181,21 @@ async fn on_data(
     connect_id: i64,
     mut packet: Packet,
 ) {
+    tracing::debug!(
+        bytes = crate::wire::data_len(&packet),
+        agentID = %agent.agent_id,
+        connectionID = connect_id,
+        "Received data from agent"
+    );
     if connect_id == 0 {
         if let Some(unlogged) = metrics.peer_violation(Peer::Agent, "data_without_connect_id") {
-            tracing::warn!(agent_id = %agent.agent_id, unlogged, "dropping DATA with connect id 0");
+            tracing::error!(packetType = "DATA", agentID = %agent.agent_id, unlogged, "Received packet missing ConnectID from agent");
         }
         return;
     }
     let Some(link) = agent.tunnel(connect_id) else {
         if !agent.is_closing(connect_id) {
-            tracing::debug!(agent_id = %agent.agent_id, connect_id, "DATA for an unknown connection; asking the agent to close it");
+            tracing::info!(v = 2, agentID = %agent.agent_id, connectionID = connect_id, error = "unknown connection", "could not get frontend client; closing connection");
             close_at_agent(agent, connect_id).await;
         }
         return;
@@ -311,6 +344,9 @@ pub async fn sweep_stalled_tunnels(
 /// Fails or closes everything that used an agent stream that has ended.
 pub fn teardown_agent(agent: &AgentSession, metrics: &Metrics) {
     let (pending, established) = agent.teardown();
+    if !established.is_empty() {
+        tracing::info!(v = 2, count = established.len(), agentID = %agent.agent_id, "Close established connections to agent");
+    }
     for (dial_id, dial) in pending {
         metrics.dial_failure(DialFailure::BackendClose);
         dial.link

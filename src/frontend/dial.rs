@@ -131,7 +131,7 @@ async fn send_dial(
             AddPendingError::DuplicateDialId => DialError::DuplicateDialId,
         })?;
     let drain = shared.tunnel_token();
-    tracing::debug!(agent_id = %agent.agent_id, dial_id, %address, "dialing through agent");
+    tracing::info!(v = 3, agentID = %agent.agent_id, dialID = dial_id, dialAddress = %address, "Pick agent as backend");
     let timeout = shared.snapshot().config.backend_dial_timeout;
     let sent = match timeout {
         Some(limit) => tokio::time::timeout(limit, agent.send(request))
@@ -147,7 +147,7 @@ async fn send_dial(
             if e == DialError::SendTimedOut {
                 // An agent that cannot take a DIAL_REQ in time is stuck: retire it so later
                 // dials go elsewhere and it reconnects afresh.
-                tracing::warn!(agent_id = %agent.agent_id, "retiring agent: sending DIAL_REQ timed out");
+                tracing::info!(v = 2, agentID = %agent.agent_id, reason = "backend dial request send timed out", "Retire backend connection");
                 agent.set_draining();
                 agent.retired.cancel();
             }
@@ -195,23 +195,28 @@ impl Dial {
         let expired = self.agent.take_pending(self.id).is_some();
         if expired {
             self.metrics.dial_failure(DialFailure::BackendDialTimeout);
-            tracing::info!(agent_id = %self.agent.agent_id, dial_id = self.id, "dial timed out waiting for the agent");
+            tracing::info!(agentID = %self.agent.agent_id, dialID = self.id, "dial timed out waiting for the agent");
         }
         expired
     }
 
     /// The frontend withdrew its dial (DIAL_CLS). As upstream, the agent is not told.
-    pub fn cancel(&mut self, dial_id: i64) {
+    /// Returns whether the dial was still pending.
+    pub fn cancel(&mut self, dial_id: i64) -> bool {
         if dial_id == self.id && self.agent.take_pending(dial_id).is_some() {
             self.metrics.dial_failure(DialFailure::FrontendClose);
             self.deadline = None;
+            return true;
         }
+        false
     }
 
     /// Removes whatever this tunnel still holds at its agent and tells the agent: DIAL_CLS for
-    /// a pending dial, CLOSE_REQ for a connection. Safe to call more than once.
-    pub async fn release(&self) {
-        match self.agent.release(&self.link, self.id) {
+    /// a pending dial, CLOSE_REQ for a connection. Safe to call more than once. Returns what
+    /// it released.
+    pub async fn release(&self) -> Released {
+        let released = self.agent.release(&self.link, self.id);
+        match released {
             Released::Pending(dial_id) => {
                 self.metrics.dial_failure(DialFailure::FrontendClose);
                 send_to_agent_bounded(&self.agent, dial_close(dial_id)).await
@@ -219,5 +224,6 @@ impl Dial {
             Released::Established(connect_id) => close_at_agent(&self.agent, connect_id).await,
             Released::Nothing => {}
         }
+        released
     }
 }

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::dial::{dial, Dial, DialError, DialSpec, FrontendKind};
-use super::sleep_until_opt;
+use super::{sleep_until_opt, TunnelRecord};
+use crate::backend::session::Released;
 use crate::listen::ConnStreams;
-use crate::metrics::{Peer, Segment};
+use crate::metrics::{stream_error_code, Peer, Segment};
 use crate::proto::packet::Payload;
 use crate::proto::proxy_service_server::ProxyService;
 use crate::proto::{DialRequest, Packet, PacketType};
@@ -39,12 +40,26 @@ impl ProxyService for ProxyFrontend {
             .get::<ConnStreams>()
             .is_none_or(ConnStreams::open_first);
         let (link, queue) = shared.tunnel_queue();
+        let user_agent = request
+            .metadata()
+            .get("user-agent")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        tracing::debug!(
+            userAgent = %user_agent,
+            serverID = %shared.snapshot().config.server_id,
+            streamUID = link.uid,
+            "Proxy request from client"
+        );
         let tunnel = GrpcTunnel {
             shared: shared.clone(),
             link,
             dial: None,
             stopped: false,
             first_on_connection,
+            user_agent,
+            record: TunnelRecord::new(FrontendKind::Grpc),
         };
         shared.tasks.spawn(tunnel.serve(request.into_inner()));
         Ok(Response::new(queue))
@@ -61,6 +76,8 @@ struct GrpcTunnel {
     first_on_connection: bool,
     /// After a fatal error the stream is only drained, as upstream does, until the client ends it.
     stopped: bool,
+    user_agent: String,
+    record: TunnelRecord,
 }
 
 impl GrpcTunnel {
@@ -69,11 +86,11 @@ impl GrpcTunnel {
         let gauge = metrics.grpc_connections.with_label_values(&["Proxy"]);
         gauge.inc();
         let hard_stop = self.shared.hard_stop.clone();
-        loop {
+        let ended = loop {
             let deadline = self.dial.as_ref().and_then(|d| d.deadline);
             tokio::select! {
                 biased;
-                _ = hard_stop.cancelled() => break,
+                _ = hard_stop.cancelled() => break "server stopped",
                 _ = sleep_until_opt(deadline) => self.on_dial_deadline(),
                 message = inbound.message() => match message {
                     Ok(Some(packet)) => {
@@ -82,15 +99,30 @@ impl GrpcTunnel {
                             self.on_packet(packet).await;
                         }
                     }
-                    Ok(None) => break,
+                    Ok(None) => {
+                        tracing::info!(v = 2, userAgent = %self.user_agent, "Receive stream from frontend closed");
+                        break "client closed";
+                    }
                     Err(status) => {
-                        metrics.stream_error(Segment::FromClient, status.code(), "Unknown");
-                        break;
+                        let code = stream_error_code(&status);
+                        metrics.stream_error(Segment::FromClient, code, "Unknown");
+                        if code == tonic::Code::Cancelled {
+                            tracing::info!(v = 2, userAgent = %self.user_agent, "Stream read from frontend cancelled");
+                            break "client canceled";
+                        }
+                        tracing::error!(err = %status.message(), userAgent = %self.user_agent, "Stream read from frontend failure");
+                        break "client stream failed";
                     }
                 }
             }
-        }
+        };
+        tracing::debug!(
+            connectionID = self.link.connect_id(),
+            streamUID = self.link.uid,
+            "Close frontend streaming"
+        );
         self.release().await;
+        self.record.log(&self.link, ended);
         gauge.dec();
     }
 
@@ -144,6 +176,9 @@ impl GrpcTunnel {
             }
             return;
         }
+        tracing::info!(v = 3, dialID = req.random, dialAddress = %req.address, "Received DIAL_REQ");
+        self.record.destination = req.address.clone();
+        self.link.set_destination(&req.address);
         let spec = DialSpec {
             kind: FrontendKind::Grpc,
             first_on_connection: self.first_on_connection,
@@ -152,8 +187,20 @@ impl GrpcTunnel {
             request: packet,
         };
         match dial(&self.shared, &self.link, spec).await {
-            Ok(dial) => self.dial = Some(dial),
+            Ok(dial) => {
+                tracing::debug!(dialID = req.random, "DIAL_REQ sent to backend");
+                self.record.agent_id = Some(dial.agent.agent_id.clone());
+                self.dial = Some(dial);
+            }
             Err(e) => {
+                match e {
+                    DialError::NoAgent | DialError::ShuttingDown => {
+                        tracing::error!(err = %e, dialID = req.random, "Failed to get a backend")
+                    }
+                    e => {
+                        tracing::error!(err = %e, dialID = req.random, "DIAL_REQ to Backend failed")
+                    }
+                }
                 let text = match e {
                     // Said the same way as when the agent dies later, while the dial waits.
                     DialError::SendFailed => AGENT_DISCONNECTED_DURING_DIAL.to_string(),
@@ -175,17 +222,28 @@ impl GrpcTunnel {
     }
 
     async fn on_data(&mut self, connect_id: i64, packet: Packet) {
+        tracing::debug!(
+            bytes = crate::wire::data_len(&packet),
+            connectionID = connect_id,
+            "Received data from connection"
+        );
         let Some(agent) = self.dial.as_ref().map(|d| d.agent.clone()) else {
+            tracing::info!(
+                v = 2,
+                connectionID = connect_id,
+                "Backend has not been initialized for this connection"
+            );
             self.reply(close_response(connect_id, BACKEND_NOT_INITIALIZED));
             self.stopped = true;
             return;
         };
         if connect_id == 0 {
             if let Some(unlogged) = self.violation("data_without_connect_id") {
-                tracing::warn!(
+                tracing::error!(
+                    packetType = "DATA",
                     frontend = self.link.uid,
                     unlogged,
-                    "dropping DATA with connect id 0"
+                    "Received packet missing ConnectID from frontend"
                 );
             }
             return;
@@ -205,12 +263,13 @@ impl GrpcTunnel {
         if connect_id != own {
             // Only our own connection is closed at the agent: the other id may belong to
             // another tunnel on the same agent, which this frontend must not touch.
-            tracing::warn!(
+            tracing::error!(
+                firstConnectionID = own,
+                connectionID = connect_id,
                 frontend = self.link.uid,
-                connect_id,
-                own,
-                "mismatched connection IDs; closing the tunnel"
+                "Data does not match first connection id"
             );
+            self.link.note_end(|| "mismatched connection IDs".into());
             if let Some(dial) = &self.dial {
                 dial.release().await;
             }
@@ -219,13 +278,22 @@ impl GrpcTunnel {
             self.stopped = true;
             return;
         }
+        let bytes = crate::wire::data_len(&packet) as u64;
         if agent.send(packet).await.is_err() {
-            tracing::debug!(agent_id = %agent.agent_id, connect_id, "DATA to agent failed: agent stream closed");
+            tracing::error!(err = "agent stream closed", connectionID = connect_id, agentID = %agent.agent_id, "DATA to Backend failed");
+        } else {
+            self.record.to_agent += bytes;
         }
     }
 
     async fn on_close_request(&mut self, connect_id: i64, packet: Packet) {
+        tracing::debug!(connectionID = connect_id, "Received CLOSE_REQ");
         let Some(agent) = self.dial.as_ref().map(|d| d.agent.clone()) else {
+            tracing::info!(
+                v = 2,
+                connectionID = connect_id,
+                "Backend has not been initialized for this connection"
+            );
             self.reply(close_response(connect_id, BACKEND_UNINITIALIZED));
             return;
         };
@@ -241,16 +309,41 @@ impl GrpcTunnel {
             self.reply(close_response(connect_id, UNRECOGNIZED_CONNECT_ID));
             return;
         }
+        self.link.note_end(|| "client closed".into());
         if agent.send(packet).await.is_err() {
+            tracing::error!(err = "agent stream closed", connectionID = connect_id, agentID = %agent.agent_id, "CLOSE_REQ to Backend failed");
             self.reply(close_response(connect_id, CLOSE_REQ_FAILED));
+        } else {
+            tracing::debug!(connectionID = connect_id, "CLOSE_REQ sent to backend");
         }
+        tracing::info!(
+            v = 3,
+            connectionID = connect_id,
+            "Closing frontend streaming per CLOSE_REQ"
+        );
         // Upstream stops reading here; the agent's CLOSE_RSP still reaches the client.
         self.stopped = true;
     }
 
     fn on_dial_close(&mut self, dial_id: i64) {
-        if let Some(dial) = &mut self.dial {
-            dial.cancel(dial_id);
+        tracing::debug!(dialID = dial_id, "Received DIAL_CLOSE");
+        let cancelled = match &mut self.dial {
+            Some(dial) => dial.cancel(dial_id),
+            None => false,
+        };
+        if cancelled {
+            self.link.note_end(|| "dial cancelled by client".into());
+            tracing::error!(
+                dialID = dial_id,
+                dialAddress = %self.record.destination,
+                dialDuration = %crate::gofmt::GoDuration(self.record.elapsed()),
+                "Dial cancelled (DIAL_CLS) by frontend"
+            );
+        } else {
+            tracing::error!(
+                dialID = dial_id,
+                "Unrecognized dial cancelled (DIAL_CLS) by frontend"
+            );
         }
     }
 
@@ -258,7 +351,22 @@ impl GrpcTunnel {
     /// agent is removed and the agent told.
     async fn release(&mut self) {
         if let Some(dial) = self.dial.take() {
-            dial.release().await;
+            match dial.release().await {
+                Released::Pending(dial_id) => {
+                    tracing::info!(
+                        v = 2,
+                        dialID = dial_id,
+                        "frontend stream shutdown, cleaning dial"
+                    )
+                }
+                Released::Established(connect_id) => tracing::info!(
+                    v = 2,
+                    connectionID = connect_id,
+                    dialID = dial.id,
+                    "frontend stream shutdown, cleaning frontend"
+                ),
+                Released::Nothing => {}
+            }
         }
     }
 }

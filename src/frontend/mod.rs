@@ -13,3 +13,57 @@ pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
         None => std::future::pending().await,
     }
 }
+
+/// One tunnel's access-log record, kept by its frontend task and written once when the tunnel
+/// ends: who carried it, where it went, the bytes each way, how long it lived and why it ended.
+/// Beyond upstream, which logs no such line.
+pub struct TunnelRecord {
+    kind: dial::FrontendKind,
+    started: std::time::Instant,
+    /// The dial address; empty until the frontend asked for a dial (no line is written then).
+    pub destination: String,
+    pub agent_id: Option<String>,
+    /// Payload bytes the frontend sent toward the agent.
+    pub to_agent: u64,
+}
+
+impl TunnelRecord {
+    pub fn new(kind: dial::FrontendKind) -> TunnelRecord {
+        TunnelRecord {
+            kind,
+            started: std::time::Instant::now(),
+            destination: String::new(),
+            agent_id: None,
+            to_agent: 0,
+        }
+    }
+
+    pub fn elapsed(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// Writes the access line; `link` knows the bytes taken toward the client, the connect id
+    /// and the reason noted first (`fallback` when none was).
+    pub fn log(&self, link: &crate::tunnel::FrontendLink, fallback: &str) {
+        if self.destination.is_empty() {
+            return;
+        }
+        let frontend = match self.kind {
+            dial::FrontendKind::Grpc => "grpc",
+            dial::FrontendKind::HttpConnect => "http-connect",
+        };
+        let reason = link.end_reason().unwrap_or_else(|| fallback.to_string());
+        tracing::info!(
+            v = 2,
+            frontend,
+            agentID = self.agent_id.as_deref().unwrap_or(""),
+            dialAddress = %self.destination,
+            connectionID = link.connect_id(),
+            bytesToAgent = self.to_agent,
+            bytesFromAgent = link.taken_bytes(),
+            duration = %crate::gofmt::GoDuration(self.started.elapsed()),
+            reason = %reason,
+            "Tunnel closed"
+        );
+    }
+}

@@ -1,47 +1,365 @@
-//! Logs: journald with structured fields when systemd runs us, readable stderr otherwise, and
-//! a level filter that a reload can change.
+//! Logs, written as klog writes them so that parsers built for the Go proxy-server keep working:
+//! `I1130 08:05:22.054317   24735 server.rs:137] "msg" key="value"` on stderr (or the klog
+//! log file), journald with structured fields when systemd runs us; and klog's verbosity rules.
+//!
+//! Verbosity follows klog: errors and warnings always show; an info line carries its V level in
+//! a `v` field (`tracing::info!(v = 3, ...)`, none meaning V0) and shows when that level is at
+//! most `-v`, or at most the `--vmodule` level of the file it comes from; `tracing::debug!` is
+//! V5 and `tracing::trace!` V6. `--vmodule` matches as klog does: `pattern=N`, the pattern a
+//! file name without its extension (`grpc`, `dispatch`) or a glob of one (`http_*`), and a
+//! match can only raise the level. Other crates log warnings and errors only. `RUST_LOG`, when
+//! set, replaces all of this with a tracing `EnvFilter`.
 
-use std::sync::OnceLock;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::RwLock;
 
-use tracing_subscriber::layer::SubscriberExt;
+use tracing::field::{Field, Visit};
+use tracing::level_filters::LevelFilter;
+use tracing::subscriber::Interest;
+use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::LogFormat;
 
-static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+/// Our crate's targets (the library and the binary share the name).
+const CRATE: &str = "konnectivity_server";
 
-/// klog verbosity to a tracing level: 0-4 info (upstream runs at 4), 5 debug, 6+ trace.
-pub fn level_for_verbosity(verbosity: u32) -> &'static str {
-    match verbosity {
-        0..=4 => "info",
-        5 => "debug",
-        _ => "trace",
+/// `-v`.
+static VERBOSITY: AtomicI64 = AtomicI64::new(4);
+/// `--vmodule`, parsed: (file pattern, level), first match wins, as klog.
+static VMODULE: RwLock<Vec<(String, i64)>> = RwLock::new(Vec::new());
+
+/// Sets `-v` and `--vmodule` for every klog filter, at once (start-up and reload).
+pub fn set_verbosity(verbosity: u32, vmodule: &str) {
+    VERBOSITY.store(i64::from(verbosity), Ordering::Relaxed);
+    *VMODULE.write().unwrap_or_else(|p| p.into_inner()) = parse_vmodule(vmodule);
+    tracing::callsite::rebuild_interest_cache();
+}
+
+/// `pattern=N,...`; entries that do not parse are skipped (the flag was validated already).
+pub fn parse_vmodule(vmodule: &str) -> Vec<(String, i64)> {
+    vmodule
+        .split(',')
+        .filter_map(|entry| {
+            let (pattern, level) = entry.split_once('=')?;
+            let level = level.trim().parse::<i64>().ok()?;
+            // Accept the module paths our earlier releases documented (`backend::dispatch`):
+            // their last segment is the file name.
+            let pattern = pattern.trim().rsplit("::").next().unwrap_or_default();
+            let pattern = pattern.rsplit('/').next().unwrap_or_default();
+            let pattern = pattern.strip_suffix(".rs").unwrap_or(pattern);
+            (!pattern.is_empty()).then(|| (pattern.to_string(), level))
+        })
+        .collect()
+}
+
+/// Go's `filepath.Match` for one path element: `*`, `?`, and literal characters (klog only
+/// calls it on a file name without its directory).
+fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => name.is_empty(),
+        Some((b'*', rest)) => (0..=name.len()).any(|i| glob_match(rest, &name[i..])),
+        Some((b'?', rest)) => !name.is_empty() && glob_match(rest, &name[1..]),
+        Some((c, rest)) => name.first() == Some(c) && glob_match(rest, &name[1..]),
     }
 }
 
-/// The filter: RUST_LOG when set, else the -v level plus --vmodule's `module=N` entries
-/// (module paths below the crate, e.g. `tunnel=6` or `backend::connect=5`).
-pub fn log_filter(verbosity: u32, vmodule: &str) -> EnvFilter {
-    if let Ok(filter) = EnvFilter::try_from_default_env() {
-        return filter;
+/// The file name klog's vmodule looks at: no directory, no extension.
+fn module_of(file: &str) -> &str {
+    let name = file.rsplit(['/', '\\']).next().unwrap_or(file);
+    name.strip_suffix(".rs").unwrap_or(name)
+}
+
+/// The V level up to which info lines of `file` show: `-v`, raised by a matching `--vmodule`.
+fn threshold(file: Option<&str>) -> i64 {
+    let global = VERBOSITY.load(Ordering::Relaxed);
+    let filters = VMODULE.read().unwrap_or_else(|p| p.into_inner());
+    if filters.is_empty() {
+        return global;
     }
-    let mut directives = vec![format!(
-        "warn,konnectivity_server={}",
-        level_for_verbosity(verbosity)
-    )];
-    for entry in vmodule.split(',').filter(|e| !e.is_empty()) {
-        if let Some((module, level)) = entry.split_once('=') {
-            if let Ok(level) = level.trim().parse::<u32>() {
-                directives.push(format!(
-                    "konnectivity_server::{}={}",
-                    module.trim().replace('/', "::"),
-                    level_for_verbosity(level)
-                ));
-            }
+    let module = module_of(file.unwrap_or_default());
+    filters
+        .iter()
+        .find(|(pattern, _)| glob_match(pattern.as_bytes(), module.as_bytes()))
+        .map_or(global, |(_, level)| global.max(*level))
+}
+
+/// The V level a line of this level has when it carries no `v` field.
+fn default_v(level: &Level) -> i64 {
+    match *level {
+        Level::DEBUG => 5,
+        Level::TRACE => 6,
+        _ => 0,
+    }
+}
+
+/// What a callsite's metadata alone decides: `Some(shown)`, or `None` when its `v` field must
+/// be read (an info line while the threshold is below 4, the highest info level we use).
+fn decide(meta: &Metadata<'_>) -> Option<bool> {
+    let level = meta.level();
+    if *level <= Level::WARN {
+        return Some(true);
+    }
+    if !meta.target().starts_with(CRATE) {
+        return Some(false);
+    }
+    let threshold = threshold(meta.file());
+    match *level {
+        Level::INFO if threshold >= 4 => Some(true),
+        Level::INFO => None,
+        ref other => Some(default_v(other) <= threshold),
+    }
+}
+
+/// klog's V-level filter, as a layer in front of the writers.
+pub struct KlogFilter;
+
+impl<S: Subscriber> Layer<S> for KlogFilter {
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        match decide(meta) {
+            Some(true) => Interest::always(),
+            Some(false) => Interest::never(),
+            None => Interest::sometimes(),
         }
     }
-    EnvFilter::new(directives.join(","))
+
+    fn enabled(&self, meta: &Metadata<'_>, _: Context<'_, S>) -> bool {
+        decide(meta).unwrap_or(true)
+    }
+
+    fn event_enabled(&self, event: &Event<'_>, _: Context<'_, S>) -> bool {
+        let meta = event.metadata();
+        if decide(meta).is_some() {
+            return true;
+        }
+        let mut v = VField(default_v(meta.level()));
+        event.record(&mut v);
+        v.0 <= threshold(meta.file())
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::TRACE)
+    }
+}
+
+/// Reads an event's `v` field.
+struct VField(i64);
+
+impl Visit for VField {
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        if field.name() == "v" {
+            self.0 = value;
+        }
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if field.name() == "v" {
+            self.0 = i64::try_from(value).unwrap_or(i64::MAX);
+        }
+    }
+    fn record_debug(&mut self, _: &Field, _: &dyn std::fmt::Debug) {}
+}
+
+/// Go's `strconv.Quote`: double quotes, backslash escapes, `\x`/`\u` for what is not printable.
+pub fn go_quote(text: &str, out: &mut String) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\x07' => out.push_str("\\a"),
+            '\x08' => out.push_str("\\b"),
+            '\x0c' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\x0b' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c == '\x7f' => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// klog's key/value rendering of a string: quoted, or, when it has line breaks, klog's
+/// `key=<` block of tab-indented lines closed by ` >`.
+fn push_string_value(out: &mut String, value: &str) {
+    if !value.contains('\n') {
+        out.push('=');
+        go_quote(value, out);
+        return;
+    }
+    out.push_str("=<\n");
+    let mut rest = value;
+    while let Some(i) = rest.find('\n') {
+        out.push('\t');
+        out.push_str(&rest[..=i]);
+        rest = &rest[i + 1..];
+    }
+    if rest.is_empty() {
+        out.push_str(" >");
+    } else {
+        out.push('\t');
+        out.push_str(rest);
+        out.push_str("\n >");
+    }
+}
+
+/// Collects an event's message and its fields in klog's `key=value` form.
+#[derive(Default)]
+struct KlogFields {
+    message: String,
+    pairs: String,
+}
+
+impl KlogFields {
+    fn key(&mut self, field: &Field) -> bool {
+        if field.name() == "v" {
+            return false;
+        }
+        self.pairs.push(' ');
+        self.pairs.push_str(field.name());
+        true
+    }
+}
+
+impl Visit for KlogFields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.message.push_str(value);
+        } else if self.key(field) {
+            push_string_value(&mut self.pairs, value);
+        }
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        if self.key(field) {
+            let _ = write!(self.pairs, "={value}");
+        }
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if self.key(field) {
+            let _ = write!(self.pairs, "={value}");
+        }
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        if self.key(field) {
+            let _ = write!(self.pairs, "={value}");
+        }
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        if self.key(field) {
+            let _ = write!(self.pairs, "={value}");
+        }
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        if self.key(field) {
+            push_string_value(&mut self.pairs, &value.to_string());
+        }
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.message, "{value:?}");
+        } else if self.key(field) {
+            push_string_value(&mut self.pairs, &format!("{value:?}"));
+        }
+    }
+}
+
+/// klog's text format, as a tracing-subscriber event formatter.
+pub struct KlogFormat {
+    pid: u32,
+}
+
+impl Default for KlogFormat {
+    fn default() -> Self {
+        KlogFormat {
+            pid: std::process::id(),
+        }
+    }
+}
+
+impl KlogFormat {
+    /// One line: header, quoted message, `key=value` pairs, newline.
+    pub fn line(&self, event: &Event<'_>, now: &jiff::Zoned) -> String {
+        let meta = event.metadata();
+        let severity = match *meta.level() {
+            Level::ERROR => 'E',
+            Level::WARN => 'W',
+            _ => 'I',
+        };
+        let file = meta
+            .file()
+            .map(|f| f.rsplit(['/', '\\']).next().unwrap_or(f))
+            .unwrap_or("???");
+        let mut fields = KlogFields::default();
+        event.record(&mut fields);
+        let mut line = String::with_capacity(96 + fields.message.len() + fields.pairs.len());
+        let _ = write!(
+            line,
+            "{severity}{:02}{:02} {:02}:{:02}:{:02}.{:06} {:>7} {file}:{}] ",
+            now.month(),
+            now.day(),
+            now.hour(),
+            now.minute(),
+            now.second(),
+            now.subsec_nanosecond() / 1000,
+            self.pid,
+            meta.line().unwrap_or(0),
+        );
+        go_quote(&fields.message, &mut line);
+        line.push_str(&fields.pairs);
+        line.push('\n');
+        line
+    }
+}
+
+impl<S, N> FormatEvent<S, N> for KlogFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        writer.write_str(&self.line(event, &jiff::Zoned::now()))
+    }
+}
+
+/// A klog-format writer layer over `make_writer`, for the file sink, stderr and tests.
+pub fn klog_layer<S, W>(make_writer: W) -> impl Layer<S> + Send + Sync
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .event_format(KlogFormat::default())
+        .with_writer(make_writer)
+}
+
+/// A whole subscriber writing klog lines to `make_writer` under `-v`/`--vmodule`: what `init`
+/// installs for stderr, offered to tests that capture the log.
+pub fn klog_subscriber<W>(verbosity: u32, vmodule: &str, make_writer: W) -> impl Subscriber
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    set_verbosity(verbosity, vmodule);
+    tracing_subscriber::registry()
+        .with(KlogFilter)
+        .with(klog_layer(make_writer))
 }
 
 /// klog's file output: `--log-file`, or `<--log-dir>/konnectivity-server.log`, used when
@@ -125,14 +443,16 @@ fn run_by_systemd() -> bool {
 
 /// Installs the global subscriber. Returns where logs go.
 pub fn init(verbosity: u32, vmodule: &str, format: LogFormat, file: Option<FileSink>) -> String {
-    let (filter, handle) = reload::Layer::new(log_filter(verbosity, vmodule));
-    let _ = FILTER.set(handle);
+    set_verbosity(verbosity, vmodule);
+    let env = EnvFilter::try_from_default_env().ok();
+    let klog = env.is_none().then_some(KlogFilter);
     let want_journald = match format {
         LogFormat::Journald => true,
         LogFormat::Stderr => false,
         LogFormat::Auto => run_by_systemd() && file.is_none(),
     };
-    // tracing-journald needs the journal socket; without it, fall back to stderr.
+    // tracing-journald needs the journal socket; without it, fall back to stderr. The message
+    // (upstream's text) goes to MESSAGE, every field to a journal field of its own.
     let journald = want_journald
         .then(|| tracing_journald::layer().ok())
         .flatten()
@@ -144,12 +464,7 @@ pub fn init(verbosity: u32, vmodule: &str, format: LogFormat, file: Option<FileS
     let to_journal = journald.is_some();
     let mut file_error = None;
     let to_file = file.as_ref().and_then(|sink| match open_capped(sink) {
-        Ok(writer) => Some(
-            tracing_subscriber::fmt::layer()
-                .with_writer(writer)
-                .with_ansi(false)
-                .boxed(),
-        ),
+        Ok(writer) => Some(klog_layer(writer)),
         Err(e) => {
             file_error = Some(format!("cannot open log file {}: {e}", sink.path.display()));
             None
@@ -157,14 +472,10 @@ pub fn init(verbosity: u32, vmodule: &str, format: LogFormat, file: Option<FileS
     });
     let has_file = to_file.is_some();
     let stderr_too = file.as_ref().is_some_and(|f| f.also_stderr);
-    let stderr = (!to_journal && (!has_file || stderr_too)).then(|| {
-        tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            .with_ansi(false)
-            .boxed()
-    });
+    let stderr = (!to_journal && (!has_file || stderr_too)).then(|| klog_layer(std::io::stderr));
     let _ = tracing_subscriber::registry()
-        .with(filter)
+        .with(env)
+        .with(klog)
         .with(journald)
         .with(to_file)
         .with(stderr)
@@ -176,13 +487,6 @@ pub fn init(verbosity: u32, vmodule: &str, format: LogFormat, file: Option<FileS
         (true, _, _) => "journald".into(),
         (_, Some(sink), true) => sink.path.display().to_string(),
         _ => "stderr".into(),
-    }
-}
-
-/// Applies a new verbosity at once (reload).
-pub fn set_verbosity(verbosity: u32, vmodule: &str) {
-    if let Some(handle) = FILTER.get() {
-        let _ = handle.reload(log_filter(verbosity, vmodule));
     }
 }
 
@@ -222,5 +526,40 @@ mod tests {
         }
         let len = std::fs::metadata(&sink.path).unwrap().len();
         assert!(len <= 100, "{len}");
+    }
+
+    #[test]
+    fn go_quoting_matches_strconv_quote() {
+        let mut out = String::new();
+        go_quote("a \"b\"\\\n\t\x01\x7f\u{85}é", &mut out);
+        assert_eq!(out, r#""a \"b\"\\\n\t\x01\x7f\u0085é""#);
+    }
+
+    #[test]
+    fn multi_line_values_use_klogs_block() {
+        let mut out = String::new();
+        push_string_value(&mut out, "one\ntwo");
+        assert_eq!(out, "=<\n\tone\n\ttwo\n >");
+        let mut out = String::new();
+        push_string_value(&mut out, "one\n");
+        assert_eq!(out, "=<\n\tone\n >");
+    }
+
+    #[test]
+    fn vmodule_matches_file_names_like_klog() {
+        let filters = parse_vmodule("dispatch=5,http_*=6,backend::session=3,frontend/grpc.rs=2");
+        assert_eq!(
+            filters,
+            vec![
+                ("dispatch".to_string(), 5),
+                ("http_*".to_string(), 6),
+                ("session".to_string(), 3),
+                ("grpc".to_string(), 2),
+            ]
+        );
+        assert!(glob_match(b"http_*", b"http_connect"));
+        assert!(glob_match(b"d?al", b"dial"));
+        assert!(!glob_match(b"dial", b"dialer"));
+        assert_eq!(module_of("src/frontend/http_connect.rs"), "http_connect");
     }
 }
