@@ -244,7 +244,7 @@ pub struct Options {
     #[arg(short = 'v', long = "v", default_value_t = 4, value_name = "Level", value_parser = go_level, allow_negative_numbers = true)]
     #[serde(deserialize_with = "level")]
     pub v: u32,
-    /// Per-module verbosity, pattern=N,... (mapped to per-target filters).
+    /// Per-file verbosity, pattern=N,...: glob patterns on source file names without `.rs`, as klog.
     #[arg(long, default_value = "")]
     pub vmodule: String,
     /// Log to stderr (or journald under systemd); false uses --log-file or --log-dir.

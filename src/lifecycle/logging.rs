@@ -524,8 +524,14 @@ mod tests {
         for _ in 0..10 {
             file.write_all(&[b'x'; 30]).unwrap();
         }
-        let len = std::fs::metadata(&sink.path).unwrap().len();
-        assert!(len <= 100, "{len}");
+        file.write_all(b"last").unwrap();
+        file.flush().unwrap();
+        let text = std::fs::read(&sink.path).unwrap();
+        assert!(text.len() <= 100, "{}", text.len());
+        assert!(
+            text.ends_with(b"last"),
+            "the newest write is kept after the restart: {text:?}"
+        );
     }
 
     #[test]
