@@ -254,30 +254,26 @@ async fn close_behind(
         return;
     }
     let dropped = link.abort();
-    let error = match why {
-        Backlog::Overflow => {
-            metrics.frontend_queue_overflows.inc();
-            tracing::warn!(
-                agent_id = %agent.agent_id,
-                connect_id,
-                frontend = link.uid,
-                dropped,
-                "closing tunnel: its frontend stopped reading and its queue passed the byte or stall limit"
-            );
-            FRONTEND_QUEUE_OVERFLOW
-        }
-        Backlog::Budget => {
-            metrics.frontend_queue_budget_closes.inc();
-            tracing::warn!(
-                agent_id = %agent.agent_id,
-                connect_id,
-                frontend = link.uid,
-                dropped,
-                "closing tunnel: the server's frontend queue budget is exhausted and this frontend, holding the most unread data, is not reading"
-            );
-            FRONTEND_QUEUE_BUDGET
-        }
+    let (counter, error, why) = match why {
+        Backlog::Overflow => (
+            &metrics.frontend_queue_overflows,
+            FRONTEND_QUEUE_OVERFLOW,
+            "its frontend stopped reading and its queue passed the byte or stall limit",
+        ),
+        Backlog::Budget => (
+            &metrics.frontend_queue_budget_closes,
+            FRONTEND_QUEUE_BUDGET,
+            "the server's frontend queue budget is exhausted and this frontend, holding the most unread data, is not reading",
+        ),
     };
+    counter.inc();
+    tracing::warn!(
+        agent_id = %agent.agent_id,
+        connect_id,
+        frontend = link.uid,
+        dropped,
+        "closing tunnel: {why}"
+    );
     link.deliver(close_response(connect_id, error));
     close_at_agent(agent, connect_id).await;
 }
