@@ -124,6 +124,7 @@ pub struct Metrics {
     /// Server-wide allowance for log lines about peer violations, and how many it withheld.
     violation_log: governor::DefaultDirectRateLimiter,
     violations_unlogged: std::sync::atomic::AtomicU64,
+    violations_logged: std::sync::atomic::AtomicU64,
     /// Beyond upstream: payload bytes relayed, by direction.
     relayed_bytes: IntCounterVec,
     /// Series handles resolved once: the label lookup (a hash and a lock) is kept off the
@@ -261,6 +262,7 @@ impl Metrics {
             )).expect("a valid metric definition"),
             violation_log: governor::RateLimiter::direct(violation_log_quota()),
             violations_unlogged: std::sync::atomic::AtomicU64::new(0),
+            violations_logged: std::sync::atomic::AtomicU64::new(0),
             relayed_bytes: IntCounterVec::new(
                 opts("relayed_bytes_total", "Payload bytes relayed between frontends and agents, by direction."),
                 &["direction"],
@@ -368,6 +370,12 @@ impl Metrics {
         }
     }
 
+    /// How many peer violations were allowed a log line so far.
+    pub fn peer_violation_lines(&self) -> u64 {
+        self.violations_logged
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Counts a dial that waited for an agent during the start-up grace.
     pub fn startup_wait(&self, found: bool) {
         let result = if found { "agent" } else { "no_agent" };
@@ -387,6 +395,7 @@ impl Metrics {
             .with_label_values(&[peer.label(), kind])
             .inc();
         if self.violation_log.check().is_ok() {
+            self.violations_logged.fetch_add(1, Ordering::AcqRel);
             Some(self.violations_unlogged.swap(0, Ordering::AcqRel))
         } else {
             self.violations_unlogged.fetch_add(1, Ordering::AcqRel);
