@@ -188,7 +188,7 @@ impl GrpcTunnel {
         };
         match dial(&self.shared, &self.link, spec).await {
             Ok(dial) => {
-                tracing::debug!(dialID = req.random, "DIAL_REQ sent to backend");
+                tracing::debug!(dialID = req.random, dialAddress = %req.address, "DIAL_REQ sent to backend");
                 self.record.agent_id = Some(dial.agent.agent_id.clone());
                 self.dial = Some(dial);
             }

@@ -752,10 +752,11 @@ func scReloadUnderLoad(t *testing.T, e *env) {
 		kindTime[kind] += time.Since(kindStart)
 	}
 	t.Logf("time per reload kind (cert, cipher, strategies, v): %v", kindTime)
-	// v: every dial made under v=5 is logged at debug level, none made under v=4 is (the
-	// last toggle leaves v=5, so once its line is there, every earlier line is too).
+	// v: every dial made under v=5 is logged at V5 ("DIAL_REQ sent to backend", as upstream),
+	// none made under v=4 is (the last toggle leaves v=5, so once its line is there, every
+	// earlier line is too).
 	dialLogged := func(addr string) bool {
-		re := regexp.MustCompile(`dialing through agent.*` + regexp.QuoteMeta(addr) + `\b|` + regexp.QuoteMeta(addr) + `\b.*dialing through agent`)
+		re := regexp.MustCompile(`DIAL_REQ sent to backend.*` + regexp.QuoteMeta(addr) + `\b|` + regexp.QuoteMeta(addr) + `\b.*DIAL_REQ sent to backend`)
 		return re.MatchString(e.server.log())
 	}
 	if cfg.v != 5 || len(verbosityDials[5]) == 0 {
