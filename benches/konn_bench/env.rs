@@ -66,6 +66,7 @@ pub struct Env {
     pub sock: PathBuf,
     #[allow(dead_code)]
     pub health_port: u16,
+    pub agent_port: u16,
 }
 
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
@@ -224,6 +225,7 @@ pub async fn start_env(
         server,
         sock,
         health_port: hp,
+        agent_port: ap,
     })
 }
 
