@@ -32,6 +32,8 @@ pub struct Opts {
     pub hol_active: usize,
     pub keep_tmp: bool,
     pub repo: PathBuf,
+    /// `konn_bench drive --wrap`: a command our server runs under (valgrind, heaptrack).
+    pub server_wrap: Vec<String>,
 }
 
 pub const ALL_WORKLOADS: &[&str] = &["bulk", "short", "idle", "agents", "hol", "limit"];
@@ -67,6 +69,7 @@ pub fn parse_opts(args: &[String]) -> Result<Opts> {
         hol_active: 10,
         keep_tmp: false,
         repo: std::env::current_dir()?,
+        server_wrap: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {

@@ -129,8 +129,8 @@ pub fn brief(m: &Metrics, censored: &BTreeSet<String>) -> String {
         .join(", ")
 }
 
-pub async fn run(opts: Opts) -> Result<i32> {
-    let started = Instant::now();
+/// The run context: the work directory, the dev PKI and the far end (whose guard kills it).
+pub fn make_ctx(opts: &Opts) -> Result<(Ctx, Proc)> {
     let go_server = opts.upstream_dir.join("proxy-server");
     let agent_bin = opts.upstream_dir.join("proxy-agent");
     for b in [&opts.server_bin, &go_server, &agent_bin] {
@@ -191,6 +191,14 @@ pub async fn run(opts: Opts) -> Result<i32> {
         agent_bin,
         env_counter: AtomicU64::new(0),
     };
+    Ok((ctx, far_guard))
+}
+
+pub async fn run(opts: Opts) -> Result<i32> {
+    let started = Instant::now();
+    let (ctx, far_guard) = make_ctx(&opts)?;
+    let tmp = ctx.tmp.clone();
+    let port = ctx.far.port();
     eprintln!(
         "konn_bench: {} mode, {} round(s), workloads {:?}; far end 127.0.0.1:{port}; work dir {}",
         if opts.quick { "quick" } else { "full" },
