@@ -403,13 +403,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
                 continue;
             }
             this.input.reserve(READ_CHUNK);
-            if ready!(tokio_util::io::poll_read_buf(
-                Pin::new(&mut this.inner),
-                cx,
-                &mut this.input
-            ))? == 0
-            {
-                this.eof = true;
+            match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.input) {
+                Poll::Ready(Ok(0)) => this.eof = true,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    // Nothing to read: an idle connection waits without a read buffer.
+                    this.release_idle_buffer();
+                    return Poll::Pending;
+                }
             }
         }
     }
