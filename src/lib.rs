@@ -11,6 +11,7 @@ mod allocator;
 mod codec;
 pub mod config;
 pub mod gofmt;
+mod hpack;
 mod metrics;
 pub mod proto;
 pub mod wire;
