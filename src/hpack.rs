@@ -620,6 +620,40 @@ mod tests {
     }
 
     #[test]
+    fn follows_loona_hpack_through_evictions() {
+        let mut encoder = loona_hpack::Encoder::new();
+        let mut reference = loona_hpack::Decoder::new();
+        let mut ours = HpackDecoder::default();
+        for i in 0..300usize {
+            let authority = format!("host-{}.example:{}", i % 7, 8000 + i % 3);
+            let custom = "x".repeat(i * 37 % 900);
+            let list: Vec<(Vec<u8>, Vec<u8>)> = vec![
+                (b":method".to_vec(), b"POST".to_vec()),
+                (b":authority".to_vec(), authority.into_bytes()),
+                (
+                    format!("x-key-{}", i % 11).into_bytes(),
+                    custom.into_bytes(),
+                ),
+                (
+                    b"user-agent".to_vec(),
+                    format!("client/{}", i % 5).into_bytes(),
+                ),
+            ];
+            let block = encoder.encode(list.iter().map(|(n, v)| (&n[..], &v[..])));
+            let want = reference.decode(&block).unwrap();
+            let got = ours.decode(&block).unwrap();
+            assert_eq!(got.len(), want.len(), "block {i}");
+            for (g, (name, value)) in got.iter().zip(&want) {
+                assert_eq!(g.authority, name.as_slice() == b":authority", "block {i}");
+                if !g.value.is_empty() {
+                    assert_eq!(&g.value, value, "block {i}");
+                }
+            }
+            assert!(ours.size <= MAX_TABLE_SIZE);
+        }
+    }
+
+    #[test]
     fn bad_blocks_are_errors() {
         let mut d = HpackDecoder::default();
         assert!(d.decode(&[0xff]).is_err()); // truncated integer
