@@ -25,6 +25,6 @@ nice -n 10 "$BENCH" drive --server-bin "$SERVER" --upstream-dir "$UP" --out "$OU
   --before 'callgrind_control -z $PID >/dev/null' --after 'callgrind_control -d $PID >/dev/null' \
   >"$OUT/drive.$WHAT.json" 2>"$OUT/drive.$WHAT.log" || { cat "$OUT/drive.$WHAT.log" >&2; exit 1; }
 DUMP="$(ls "$OUT/callgrind.$WHAT".*.1 | head -1)"
-echo "Server: \`$(basename "$SERVER")\` ($(cd "$ROOT" && git describe --always --dirty)); \`benches/profile/cpu.sh $WHAT $K $PAR\`; $(date -u +%F)."
+echo "Server: \`$SERVER\` (${SERVER_BIN:+given by SERVER_BIN; }work tree $(cd "$ROOT" && git describe --always --dirty)); \`benches/profile/cpu.sh $WHAT $K $PAR\`; $(date -u +%F)."
 echo
 python3 "$PROFILE_DIR/cg_group.py" "$DUMP" "$K" tunnel

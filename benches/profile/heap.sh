@@ -27,6 +27,6 @@ for n in "$N0" "$N1"; do
     || { cat "$OUT/drive.$WHAT.$n.log" >&2; exit 1; }
 done
 LABEL=tunnel; [[ "$WHAT" == agents ]] && LABEL=agent
-echo "Server: \`$(basename "$SERVER")\` ($(cd "$ROOT" && git describe --always --dirty)); \`benches/profile/heap.sh $WHAT $N0 $N1\`; $(date -u +%F)."
+echo "Server: \`$SERVER\` (${SERVER_BIN:+given by SERVER_BIN; }work tree $(cd "$ROOT" && git describe --always --dirty)); \`benches/profile/heap.sh $WHAT $N0 $N1\`; $(date -u +%F)."
 echo
 python3 "$PROFILE_DIR/dh_group.py" "$LABEL" "$OUT/dhat.$WHAT.$N0" "$N0" "$OUT/dhat.$WHAT.$N1" "$N1"
