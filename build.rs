@@ -11,6 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_transport(false)
         // DATA payloads are relayed, never inspected: Bytes lets them move without a copy.
         .bytes(".Data.data")
+        // prost with small initial codec buffers (src/codec.rs): tonic's 8 KiB per direction
+        // and stream would be most of an idle tunnel's memory.
+        .codec_path("crate::codec::LeanCodec")
         .compile_fds(descriptors)?;
     Ok(())
 }

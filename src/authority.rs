@@ -19,6 +19,9 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, BufMut, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use crate::hpack::{decode_int, Field, HpackDecoder};
+
+#[cfg(test)]
 const AUTHORITY: &[u8] = b":authority";
 const PREFACE_LEN: usize = 24;
 const FRAME_HEADER_LEN: usize = 9;
@@ -38,34 +41,11 @@ const MAX_BLOCK: usize = 1 << 20;
 /// and direction.
 #[derive(Default)]
 pub struct HeaderRecoder {
-    decoder: loona_hpack::Decoder<'static>,
+    decoder: HpackDecoder,
 }
 
 pub fn valid_authority(value: &[u8]) -> bool {
     http::uri::Authority::try_from(value).is_ok()
-}
-
-/// An HPACK integer (RFC 7541 section 5.1) with a `prefix_bits`-bit prefix: (value, next pos).
-fn decode_int(buf: &[u8], pos: usize, prefix_bits: u8) -> Option<(usize, usize)> {
-    let mask = (1usize << prefix_bits) - 1;
-    let mut value = (*buf.get(pos)? as usize) & mask;
-    let mut pos = pos + 1;
-    if value < mask {
-        return Some((value, pos));
-    }
-    let mut shift = 0u32;
-    loop {
-        let byte = *buf.get(pos)?;
-        pos += 1;
-        value = value.checked_add(((byte & 0x7f) as usize).checked_shl(shift)?)?;
-        if byte & 0x80 == 0 {
-            return Some((value, pos));
-        }
-        shift += 7;
-        if shift > 28 {
-            return None;
-        }
-    }
 }
 
 fn encode_int(out: &mut Vec<u8>, value: usize, prefix_bits: u8, flags: u8) {
@@ -100,10 +80,8 @@ impl HeaderRecoder {
         let headers = self
             .decoder
             .decode(block)
-            .map_err(|e| invalid_data(format!("HPACK decoding failed: {e:?}")))?;
-        let broken = |(name, value): &(Vec<u8>, Vec<u8>)| {
-            name.as_slice() == AUTHORITY && !value.is_empty() && !valid_authority(value)
-        };
+            .map_err(|e| invalid_data(format!("HPACK decoding failed: {}", e.0)))?;
+        let broken = |f: &Field| f.authority && !f.value.is_empty() && !valid_authority(&f.value);
         if !headers.iter().any(broken) {
             return Ok(None);
         }
@@ -141,8 +119,8 @@ impl HeaderRecoder {
             out.extend_from_slice(&block[pos..value_start]);
             if broken(field) {
                 // Same decoded length, so the HPACK table entry keeps its size.
-                encode_int(&mut out, field.1.len(), 7, 0);
-                out.resize(out.len() + field.1.len(), b'a');
+                encode_int(&mut out, field.value.len(), 7, 0);
+                out.resize(out.len() + field.value.len(), b'a');
             } else {
                 out.extend_from_slice(&block[value_start..value_end]);
             }
@@ -403,13 +381,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
                 continue;
             }
             this.input.reserve(READ_CHUNK);
-            if ready!(tokio_util::io::poll_read_buf(
-                Pin::new(&mut this.inner),
-                cx,
-                &mut this.input
-            ))? == 0
-            {
-                this.eof = true;
+            match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.input) {
+                Poll::Ready(Ok(0)) => this.eof = true,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => {
+                    // Nothing to read: an idle connection waits without a read buffer.
+                    this.release_idle_buffer();
+                    return Poll::Pending;
+                }
             }
         }
     }

@@ -8,8 +8,10 @@
 // Bottom of the stack: the allocator, the wire contract and the vocabulary built on it,
 // metrics, config.
 mod allocator;
+mod codec;
 pub mod config;
 pub mod gofmt;
+mod hpack;
 mod metrics;
 pub mod proto;
 pub mod wire;

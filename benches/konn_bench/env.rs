@@ -66,6 +66,7 @@ pub struct Env {
     pub sock: PathBuf,
     #[allow(dead_code)]
     pub health_port: u16,
+    pub agent_port: u16,
 }
 
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
@@ -136,13 +137,24 @@ pub async fn start_env(
             "--server-count=1".into(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
+        // Under a profiler (`konn_bench drive --wrap`) ours starts many times slower.
+        let wrap = &ctx.opts.server_wrap;
+        let (bin, args, up_within) = match (imp, wrap.split_first()) {
+            (Impl::Ours, Some((tool, tool_args))) => {
+                let mut a = tool_args.to_vec();
+                a.push(bin.display().to_string());
+                a.extend(args);
+                (PathBuf::from(tool), a, Duration::from_secs(300))
+            }
+            _ => (bin.clone(), args, Duration::from_secs(20)),
+        };
         let mut p = Proc::spawn(
             &format!("server-{}", imp.name()),
             &bin,
             &args,
             &dir.join(format!("server-{attempt}.log")),
         )?;
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + up_within;
         let mut last = String::new();
         let up = loop {
             if let Some(st) = p.exited() {
@@ -195,7 +207,12 @@ pub async fn start_env(
         format!("--admin-server-port={aap}"),
     ];
     let mut agent = Proc::spawn("agent", &ctx.agent_bin, &agent_args, &dir.join("agent.log"))?;
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let ready_within = if ctx.opts.server_wrap.is_empty() {
+        20
+    } else {
+        300
+    };
+    let deadline = Instant::now() + Duration::from_secs(ready_within);
     let mut server = server;
     loop {
         if let Some(st) = agent.exited() {
@@ -211,7 +228,7 @@ pub async fn start_env(
         }
         if Instant::now() > deadline {
             bail!(
-                "{} server not ready with the agent within 20 s\n--- server ---\n{}\n--- agent ---\n{}",
+                "{} server not ready with the agent within {ready_within} s\n--- server ---\n{}\n--- agent ---\n{}",
                 imp.name(),
                 server.tail(20),
                 agent.tail(20)
@@ -224,6 +241,7 @@ pub async fn start_env(
         server,
         sock,
         health_port: hp,
+        agent_port: ap,
     })
 }
 

@@ -15,6 +15,8 @@
 //! outlives the tool, also on error or timeout. Every wait has a deadline.
 #![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
+mod agents;
+mod drive;
 mod env;
 mod farend;
 mod metrics;
@@ -49,7 +51,13 @@ fn main() {
         ),
         Err(e) => eprintln!("konn_bench: could not raise RLIMIT_NOFILE: {e}"),
     }
-    let opts = match parse_opts(&args) {
+    // `konn_bench drive ...`: one load against our server alone (benches/profile/).
+    let parsed = if args.first().map(String::as_str) == Some("drive") {
+        drive::parse_drive(&args[1..]).map(|(o, s)| (o, Some(s)))
+    } else {
+        parse_opts(&args).map(|o| (o, None))
+    };
+    let (opts, spec) = match parsed {
         Ok(o) => o,
         Err(e) => {
             eprintln!("konn_bench: {e:#}");
@@ -73,7 +81,12 @@ fn main() {
         };
         // On SIGTERM/SIGINT the run future is dropped here, which kills every child.
         tokio::select! {
-            r = run(opts) => match r {
+            r = async move {
+                match spec {
+                    Some(spec) => drive::drive(opts, spec).await,
+                    None => run(opts).await,
+                }
+            } => match r {
                 Ok(code) => code,
                 Err(e) => {
                     eprintln!("konn_bench: FAILED: {e:#}");

@@ -180,6 +180,34 @@ pub const DEFS: &[MetricDef] = &[
         true,
         None,
     ),
+    m(
+        "agents",
+        "rss_kib_per_agent",
+        "server RSS KiB per agent",
+        false,
+        Some((0.25, "target")),
+    ),
+    m(
+        "agents",
+        "rss_mib_total",
+        "server RSS MiB with all connected",
+        false,
+        None,
+    ),
+    m(
+        "agents",
+        "idle_cpu_us_per_s_per_agent",
+        "server CPU while idle, us/s per agent",
+        false,
+        None,
+    ),
+    m(
+        "agents",
+        "connect_per_s",
+        "agents connected per s (32 at a time)",
+        true,
+        None,
+    ),
     m("hol", "share_pct", "active throughput share %", true, None),
     m(
         "hol",
@@ -207,6 +235,8 @@ pub const DEFS: &[MetricDef] = &[
 pub fn defs_for(workload: &str) -> Vec<&'static MetricDef> {
     let base = if workload.starts_with("idle-") {
         "idle"
+    } else if workload.starts_with("agents-") {
+        "agents"
     } else {
         workload
     };

@@ -24,20 +24,25 @@ pub struct Opts {
     pub short_timeout_secs: f64,
     pub short_clients: usize,
     pub idle_counts: Vec<usize>,
+    /// `agents`: how many connected idle agents (one mTLS HTTP/2 connection each).
+    pub agent_counts: Vec<usize>,
     pub idle_settle_secs: f64,
     pub idle_secs: f64,
     pub hol_secs: f64,
     pub hol_active: usize,
     pub keep_tmp: bool,
     pub repo: PathBuf,
+    /// `konn_bench drive --wrap`: a command our server runs under (valgrind, heaptrack).
+    pub server_wrap: Vec<String>,
 }
 
-pub const ALL_WORKLOADS: &[&str] = &["bulk", "short", "idle", "hol", "limit"];
+pub const ALL_WORKLOADS: &[&str] = &["bulk", "short", "idle", "agents", "hol", "limit"];
 
 pub fn usage() -> &'static str {
     "usage: konn_bench --server-bin PATH --upstream-dir DIR [--out DIR] [--quick] [--rounds N]\n\
-     \x20      [--workloads bulk,short,idle,hol,limit] [--bulk-mib N] [--short-secs S]\n\
+     \x20      [--workloads bulk,short,idle,agents,hol,limit] [--bulk-mib N] [--short-secs S]\n\
      \x20      [--short-clients N] [--short-timeout S] [--idle-counts 1000,10000]\n\
+     \x20      [--agent-counts 2000]\n\
      \x20      [--idle-secs S] [--hol-secs S]\n\
      \x20      [--client-window adaptive|fixed] [--keep-tmp] [--repo DIR]\n\
      \x20  konn_bench farend   (internal: the far-end source/sink process)"
@@ -57,12 +62,14 @@ pub fn parse_opts(args: &[String]) -> Result<Opts> {
         short_timeout_secs: 10.0,
         short_clients: 64,
         idle_counts: if quick { vec![200] } else { vec![1000, 10000] },
+        agent_counts: if quick { vec![100] } else { vec![2000] },
         idle_settle_secs: if quick { 1.0 } else { 2.0 },
         idle_secs: if quick { 2.0 } else { 5.0 },
         hol_secs: if quick { 3.0 } else { 10.0 },
         hol_active: 10,
         keep_tmp: false,
         repo: std::env::current_dir()?,
+        server_wrap: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -101,6 +108,12 @@ pub fn parse_opts(args: &[String]) -> Result<Opts> {
             "--short-clients" => o.short_clients = val()?.parse()?,
             "--idle-counts" => {
                 o.idle_counts = val()?
+                    .split(',')
+                    .map(|s| s.trim().parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--agent-counts" => {
+                o.agent_counts = val()?
                     .split(',')
                     .map(|s| s.trim().parse())
                     .collect::<Result<_, _>>()?

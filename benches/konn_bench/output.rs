@@ -130,6 +130,7 @@ pub fn render_markdown(opts: &Opts, records: &[Record], info: &Info, total: f64)
     let _ = writeln!(s, "- Client: tonic/hyper HTTP/2 over the UDS with adaptive flow-control windows (as grpc-go); single-use = one HTTP/2 connection + one `Proxy` stream per dial (DIAL_REQ with a random id, DIAL_RSP, DATA both ways, CLOSE_REQ, CLOSE_RSP), reusable = one connection with a stream per dial, HTTP-CONNECT = one UDS connection per dial. Uploads are sent as 32 KiB DATA packets.");
     let _ = writeln!(s, "- Data: every byte is compared with a seeded position-dependent stream (downloads by the client, uploads by the far end, which reports the first bad offset); any mismatch fails the workload.");
     let _ = writeln!(s, "- CPU: utime+stime deltas from /proc/<pid>/stat (10 ms ticks) of the server, the agent, the far end and the client (the bench process). RSS: VmHWM (bulk peak) and VmRSS (idle: RSS with all tunnels open minus RSS after a 10-tunnel warm-up, over the count). Idle CPU is measured after a {} s settle over {} s.", opts.idle_settle_secs, opts.idle_secs);
+    let _ = writeln!(s, "- Agents: N agents connected from the bench process, each with its own TCP + mTLS (the dev PKI's agent certificate) + HTTP/2 connection (tonic, as the upstream agent: one `/AgentService/Connect` stream with `agentid` metadata, read until it ends, nothing sent). RSS per agent = (VmRSS with all N connected − VmRSS after a 10-agent warm-up, with the one upstream agent connected) / N; idle CPU per agent over the same settle and window as the idle tunnels, / N.");
     let _ = writeln!(s, "- Dial latency: single-use from the UDS connect to DIAL_RSP (what konnectivity-client's tunnel creation costs kube-apiserver); reusable from opening the stream to DIAL_RSP; HTTP-CONNECT from the UDS connect to the 200 response.");
     let _ = writeln!(s, "- Head-of-line: {} streaming tunnels read for {} s (dials included in the window) without, then with, one tunnel that requested an endless stream and never reads (opened 1 s before the window); share = with/without.", opts.hol_active, opts.hol_secs);
     let _ = writeln!(s, "- Failures: a workload run fails on any failed or timed-out tunnel (a short tunnel has {} s for dial, transfer and close), any failed close, any data mismatch, or a server or agent that does not start; the tool then exits non-zero. A failed run's numbers are not in the tables (results.json keeps them), and neither are the other server's numbers of the same round, so every comparison is over the same rounds. Timed-out dials count in the latency percentiles as +inf (a percentile that lands on one shows as ≥ the timeout). In the head-of-line workload, tunnels the stalled tunnel blocks are the measured effect: they count with 0 bytes and are reported, not failed.", opts.short_timeout_secs);
@@ -197,12 +198,13 @@ pub fn write_ratios_csv(opts: &Opts, records: &[Record]) -> Result<()> {
         ("short-connect", "server_cpu_us_per_tunnel"),
         ("idle", "rss_kib_per_tunnel"),
         ("idle", "idle_cpu_ms_per_s"),
+        ("agents", "rss_kib_per_agent"),
         ("hol", "share_pct"),
     ];
     for (w0, key) in chart {
-        let targets: Vec<String> = if *w0 == "idle" {
+        let targets: Vec<String> = if matches!(*w0, "idle" | "agents") {
             ws.iter()
-                .filter(|w| w.starts_with("idle-"))
+                .filter(|w| w.starts_with(&format!("{w0}-")))
                 .cloned()
                 .collect()
         } else {

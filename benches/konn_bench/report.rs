@@ -16,6 +16,7 @@ pub fn title(w: &str, opts: &Opts) -> String {
         "short-reusable" => format!("2b. Short tunnels, reusable gRPC (one UDS connection, one Proxy stream per dial; {} clients, {} s)", opts.short_clients, opts.short_secs),
         "short-connect" => format!("2c. Short tunnels, HTTP-CONNECT over the UDS (--mode=http-connect; {} clients, {} s)", opts.short_clients, opts.short_secs),
         w if w.starts_with("idle-") => format!("3. Idle tunnels: {} open single-use gRPC tunnels", &w[5..]),
+        w if w.starts_with("agents-") => format!("3b. Connected agents: {} idle agents, one mTLS HTTP/2 connection and one Connect stream each (from one process)", &w[7..]),
         "hol" => format!("4. Head-of-line: {} active streaming tunnels with and without one stalled tunnel on the same agent ({} s each)", opts.hol_active, opts.hol_secs),
         "limit" => format!("5. The limit: the bulk transfer over a direct loopback TCP connection ({} each way)", size(opts.bulk_bytes)),
         _ => w.to_string(),
@@ -189,11 +190,11 @@ pub fn summary_rows(records: &[Record]) -> Vec<SummaryRow> {
     // (what, ours, go, ratio, target, met)
     let mut rows = Vec::new();
     let names = workload_names(records);
-    let idle_ws: Vec<&String> = names.iter().filter(|w| w.starts_with("idle-")).collect();
     let mut items: Vec<(String, &'static MetricDef)> = vec![];
     for d in DEFS.iter().filter(|d| d.target.is_some()) {
-        if d.workload == "idle" {
-            for w in &idle_ws {
+        if matches!(d.workload, "idle" | "agents") {
+            let prefix = format!("{}-", d.workload);
+            for w in names.iter().filter(|w| w.starts_with(&prefix)) {
                 items.push((w.to_string(), d));
             }
         } else {

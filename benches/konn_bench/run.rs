@@ -12,6 +12,7 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use konnectivity_server::tls::DevPki;
 
+use crate::agents::w_agents;
 use crate::env::{Ctx, Impl};
 use crate::opts::Opts;
 use crate::output::{machine_info, render_markdown, write_json, write_ratios_csv};
@@ -45,6 +46,11 @@ pub fn jobs_for_round(opts: &Opts, round: usize) -> Vec<Job> {
                 .iter()
                 .map(|n| format!("idle-{n}"))
                 .collect(),
+            "agents" => opts
+                .agent_counts
+                .iter()
+                .map(|n| format!("agents-{n}"))
+                .collect(),
             "hol" => vec!["hol".into()],
             "limit" => {
                 out.push(Job {
@@ -75,6 +81,10 @@ pub fn job_deadline(opts: &Opts, w: &str) -> Duration {
             let n: f64 = w.trim_start_matches("idle-").parse().unwrap_or(1000.0);
             120.0 + n / 50.0 + opts.idle_secs + opts.idle_settle_secs
         }
+        w if w.starts_with("agents") => {
+            let n: f64 = w.trim_start_matches("agents-").parse().unwrap_or(2000.0);
+            120.0 + n / 20.0 + opts.idle_secs + opts.idle_settle_secs
+        }
         "hol" => 120.0 + 2.0 * opts.hol_secs,
         _ => 300.0,
     };
@@ -88,6 +98,9 @@ pub async fn run_job(ctx: &Ctx, w: &str, imp: Option<Impl>) -> Result<Outcome> {
         ("hol", Some(i)) => w_hol(ctx, i).await,
         (s, Some(i)) if s.starts_with("short-") => w_short(ctx, i, &s["short-".len()..]).await,
         (s, Some(i)) if s.starts_with("idle-") => w_idle(ctx, i, s["idle-".len()..].parse()?).await,
+        (s, Some(i)) if s.starts_with("agents-") => {
+            w_agents(ctx, i, s["agents-".len()..].parse()?).await
+        }
         _ => bail!("unknown job {w}"),
     }
 }
@@ -101,6 +114,8 @@ pub fn brief(m: &Metrics, censored: &BTreeSet<String>) -> String {
         ("dial_p99_ms", "p99 ms"),
         ("server_cpu_us_per_tunnel", "srv us/tun"),
         ("rss_kib_per_tunnel", "KiB/tun"),
+        ("rss_kib_per_agent", "KiB/agent"),
+        ("idle_cpu_us_per_s_per_agent", "idle us/s/agent"),
         ("idle_cpu_ms_per_s", "idle ms/s"),
         ("share_pct", "share %"),
         ("blocked_with_stalled", "blocked"),
@@ -114,8 +129,8 @@ pub fn brief(m: &Metrics, censored: &BTreeSet<String>) -> String {
         .join(", ")
 }
 
-pub async fn run(opts: Opts) -> Result<i32> {
-    let started = Instant::now();
+/// The run context: the work directory, the dev PKI and the far end (whose guard kills it).
+pub fn make_ctx(opts: &Opts) -> Result<(Ctx, Proc)> {
     let go_server = opts.upstream_dir.join("proxy-server");
     let agent_bin = opts.upstream_dir.join("proxy-agent");
     for b in [&opts.server_bin, &go_server, &agent_bin] {
@@ -176,6 +191,14 @@ pub async fn run(opts: Opts) -> Result<i32> {
         agent_bin,
         env_counter: AtomicU64::new(0),
     };
+    Ok((ctx, far_guard))
+}
+
+pub async fn run(opts: Opts) -> Result<i32> {
+    let started = Instant::now();
+    let (ctx, far_guard) = make_ctx(&opts)?;
+    let tmp = ctx.tmp.clone();
+    let port = ctx.far.port();
     eprintln!(
         "konn_bench: {} mode, {} round(s), workloads {:?}; far end 127.0.0.1:{port}; work dir {}",
         if opts.quick { "quick" } else { "full" },

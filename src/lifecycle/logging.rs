@@ -168,6 +168,15 @@ impl Visit for VField {
 /// Go's `strconv.Quote`: double quotes, backslash escapes, `\x`/`\u` for what is not printable.
 pub fn go_quote(text: &str, out: &mut String) {
     out.push('"');
+    // Most values (ids, addresses, messages) need no escape: copy them whole.
+    if text
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push_str(text);
+        out.push('"');
+        return;
+    }
     for c in text.chars() {
         match c {
             '"' => out.push_str("\\\""),
