@@ -21,6 +21,9 @@ use crate::report::summary_tables;
 use crate::results::{fmt_num, Metrics, Record};
 use crate::workloads::{w_bulk, w_hol, w_idle, w_limit, w_short, Outcome};
 
+/// The heading of the hand-kept breakdown section of RESULTS.md (see benches/profile).
+const PROFILE_SECTION: &str = "## Per-tunnel and per-agent cost: breakdowns";
+
 pub struct Job {
     pub workload: String,
     pub imp: Option<Impl>,
@@ -283,8 +286,18 @@ pub async fn run(opts: Opts) -> Result<i32> {
 
     let info = machine_info(&opts);
     write_json(&opts, &records, &info, total)?;
-    let md = render_markdown(&opts, &records, &info, total);
-    std::fs::write(opts.out.join("RESULTS.md"), &md)?;
+    let mut md = render_markdown(&opts, &records, &info, total);
+    // The profile breakdowns (benches/profile) are written by hand from their own scripts:
+    // a benchmark run keeps them.
+    let path = opts.out.join("RESULTS.md");
+    if let Some(kept) = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|old| old.find(PROFILE_SECTION).map(|at| old[at..].to_string()))
+    {
+        md.push('\n');
+        md.push_str(&kept);
+    }
+    std::fs::write(&path, &md)?;
     write_ratios_csv(&opts, &records)?;
     print!("{}", summary_tables(&opts, &records));
     eprintln!(
