@@ -21,6 +21,10 @@ use tokio_util::codec::{LengthDelimitedCodec, LengthDelimitedCodecError};
 // 16 MB "sane default" taken from golang http2
 const DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE: usize = 16 << 20;
 
+/// konnectivity-server patch: the size of the read buffer while a read is under way (what
+/// tokio-util allocated up front for every connection).
+const READ_BUFFER_CAPACITY: usize = 8 * 1024;
+
 #[derive(Debug)]
 pub struct FramedRead<T> {
     inner: InnerFramedRead<T, LengthDelimitedCodec>,
@@ -419,9 +423,26 @@ where
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let span = tracing::trace_span!("FramedRead::poll_next");
         let _e = span.enter();
+        // konnectivity-server patch: the read buffer exists only while a read is under way. It
+        // is allocated here when the connection is polled and released below when the socket
+        // has nothing more to read and no partial frame is buffered, so an idle connection
+        // holds no read buffer. (tokio-util's own `reserve(1)` would grow it a few bytes at a
+        // time, one read call each.)
+        if self.inner.read_buffer().capacity() == 0 {
+            self.inner.read_buffer_mut().reserve(READ_BUFFER_CAPACITY);
+        }
         loop {
             tracing::trace!("poll");
-            let bytes = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+            let polled = match Pin::new(&mut self.inner).poll_next(cx) {
+                Poll::Ready(polled) => polled,
+                Poll::Pending => {
+                    if self.inner.read_buffer().is_empty() {
+                        *self.inner.read_buffer_mut() = BytesMut::new();
+                    }
+                    return Poll::Pending;
+                }
+            };
+            let bytes = match polled {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => return Poll::Ready(Some(Err(map_err(e)))),
                 None => return Poll::Ready(None),

@@ -93,7 +93,10 @@ where
             final_flush_done: false,
             encoder: Encoder {
                 hpack: hpack::Encoder::default(),
-                buf: Cursor::new(BytesMut::with_capacity(DEFAULT_BUFFER_CAPACITY)),
+                // konnectivity-server patch: allocated on the first frame and released
+                // whenever it drains (see `Encoder::release_if_drained`), so an idle
+                // connection holds no write buffer.
+                buf: Cursor::new(BytesMut::new()),
                 next: None,
                 last_data_frame: None,
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
@@ -169,6 +172,8 @@ where
             }
         }
 
+        self.encoder.release_if_drained();
+
         tracing::trace!("flushing buffer");
         // Flush the upstream
         ready!(Pin::new(&mut self.inner).poll_flush(cx))?;
@@ -223,6 +228,9 @@ where
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        if self.buf.get_ref().capacity() == 0 {
+            self.buf.get_mut().reserve(DEFAULT_BUFFER_CAPACITY);
+        }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
 
@@ -307,9 +315,21 @@ where
     }
 
     fn has_capacity(&self) -> bool {
+        // An unallocated buffer (released after it drained) has the full default capacity
+        // as soon as `buffer` needs it.
         self.next.is_none()
-            && (self.buf.get_ref().capacity() - self.buf.get_ref().len()
-                >= self.min_buffer_capacity)
+            && (self.buf.get_ref().capacity() == 0
+                || self.buf.get_ref().capacity() - self.buf.get_ref().len()
+                    >= self.min_buffer_capacity)
+    }
+
+    /// konnectivity-server patch: give the write buffer back to the allocator once everything
+    /// in it is written, so an idle connection keeps no 16 KiB buffer. The next frame
+    /// allocates it again (a thread-cached allocation of one size class).
+    fn release_if_drained(&mut self) {
+        if self.next.is_none() && !self.buf.has_remaining() && self.buf.get_ref().capacity() > 0 {
+            self.buf = Cursor::new(BytesMut::new());
+        }
     }
 
     fn is_empty(&self) -> bool {

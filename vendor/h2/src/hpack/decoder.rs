@@ -158,7 +158,9 @@ impl Decoder {
             max_size_update: None,
             last_max_update: size,
             table: Table::new(size),
-            buffer: BytesMut::with_capacity(4096),
+            // konnectivity-server patch: grown by the first Huffman-coded string instead of
+            // 4 KiB up front per connection; decoded strings are split off it.
+            buffer: BytesMut::new(),
         }
     }
 

@@ -83,6 +83,13 @@ impl Deque {
             Some(mut idxs) => {
                 let mut slot = buf.slab.remove(idxs.head);
 
+                // konnectivity-server patch: every slot belongs to some deque, so an empty
+                // slab has no keys in use; give its memory back instead of keeping the
+                // largest burst's capacity for the life of the connection.
+                if buf.slab.is_empty() && buf.slab.capacity() > 0 {
+                    buf.slab = Slab::new();
+                }
+
                 if idxs.head == idxs.tail {
                     assert!(slot.next.is_none());
                     self.indices = None;

@@ -81,7 +81,10 @@ pub(super) trait Resolve {
 impl Store {
     pub fn new() -> Self {
         Store {
-            slab: slab::Slab::new(),
+            // konnectivity-server patch: room for one stream, not the four a first `push`
+            // reserves (about 1 KiB each): most connections to this server carry one stream
+            // for their whole life (konnectivity-client's tunnels, agents). More grow it.
+            slab: slab::Slab::with_capacity(1),
             ids: IndexMap::new(),
         }
     }
