@@ -21,7 +21,9 @@ use crate::wire::{
 pub async fn send_to_agent_bounded(agent: &AgentSession, packet: Packet) {
     const CONTROL_SEND_LIMIT: Duration = Duration::from_secs(5);
     let kind = packet_type_name(packet.r#type);
-    match tokio::time::timeout(CONTROL_SEND_LIMIT, agent.send(packet)).await {
+    // Boxed: cleanup paths run rarely, and inline their timer and channel send would be part
+    // of the future of every agent stream and every tunnel task, idle or not (issue 15).
+    match Box::pin(tokio::time::timeout(CONTROL_SEND_LIMIT, agent.send(packet))).await {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
             tracing::debug!(agent_id = %agent.agent_id, packet_type = kind, "agent gone; control packet dropped")

@@ -96,7 +96,10 @@ pub async fn dial(
     spec: DialSpec<'_>,
 ) -> Result<Dial, DialError> {
     let kind = spec.kind;
-    let result = send_dial(shared, link, spec).await;
+    // Boxed: a dial runs once per tunnel, and its state (the pick, the start-up grace wait,
+    // the DIAL_REQ send under a timeout) would otherwise stay in the frontend task's future,
+    // and so in its memory, for the tunnel's whole life (issue 15).
+    let result = Box::pin(send_dial(shared, link, spec)).await;
     if let Err(e) = result {
         e.record(kind, &shared.metrics);
     }

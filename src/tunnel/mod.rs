@@ -416,10 +416,16 @@ impl FrontendLink {
     /// `kubectl cp` to a slow client). A frontend that took nothing for a moment is not waited
     /// for: its tunnel alone queues on, up to the hard cap, the stall timeout or the budget.
     pub async fn make_room(&self) {
-        let state = &self.state;
-        if state.bytes.load(Ordering::Acquire) <= self.hold_threshold() {
+        if self.state.bytes.load(Ordering::Acquire) <= self.hold_threshold() {
             return;
         }
+        // Boxed: the wait (a notification and a timer) is the slow path, and inline it would
+        // be part of every agent stream's future, and so of its memory (issue 15).
+        Box::pin(self.wait_for_room()).await
+    }
+
+    async fn wait_for_room(&self) {
+        let state = &self.state;
         state.metrics.blocked_frontend_write_channels.inc();
         loop {
             let notified = state.room.notified();
