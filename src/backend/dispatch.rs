@@ -53,7 +53,9 @@ pub async fn route_from_agent(
     match (kind, &packet.payload) {
         (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
             let rsp = rsp.clone();
-            on_dial_response(agent, metrics, rsp, packet).await
+            // Boxed, as the rare paths of `on_data` below: once per tunnel, and inline its
+            // state would be part of every agent stream's future (issue 15).
+            Box::pin(on_dial_response(agent, metrics, rsp, packet)).await
         }
         (Ok(PacketType::Data), Some(Payload::Data(data))) => {
             let connect_id = data.connect_id;
@@ -212,7 +214,7 @@ async fn on_data(
     match link.deliver(packet) {
         Delivery::Queued => {
             if link.budget().is_over() {
-                enforce_budget(registry, metrics, link.budget()).await;
+                Box::pin(enforce_budget(registry, metrics, link.budget())).await;
             }
         }
         Delivery::Gone => {
@@ -220,7 +222,7 @@ async fn on_data(
                 close_at_agent(agent, connect_id).await;
             }
         }
-        Delivery::Overflow => close_backlogged(agent, metrics, connect_id, &link).await,
+        Delivery::Overflow => Box::pin(close_backlogged(agent, metrics, connect_id, &link)).await,
     }
 }
 

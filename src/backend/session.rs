@@ -79,12 +79,17 @@ pub enum Released {
     Established(i64),
 }
 
+/// The packets waiting to be written to an agent's stream. Boxed: tokio's channel allocates its
+/// slots 32 at a time, on creation, and 32 packets inline are 2.3 KiB held by every connected
+/// agent, idle or not; 32 boxes are 256 B, for one small allocation per packet (issue 15).
+pub type Outbound = mpsc::Sender<Box<Packet>>;
+
 pub struct AgentSession {
     pub uid: u64,
     pub agent_id: String,
     pub identifiers: AgentIdentifiers,
     pub connected_at: Instant,
-    outbound: mpsc::Sender<Packet>,
+    outbound: Outbound,
     draining: AtomicBool,
     /// Cancelled to end this agent's stream (server stop, or a retired backend).
     pub retired: CancellationToken,
@@ -96,7 +101,7 @@ impl AgentSession {
     pub fn new(
         agent_id: String,
         identifiers: AgentIdentifiers,
-        outbound: mpsc::Sender<Packet>,
+        outbound: Outbound,
         retired: CancellationToken,
         metrics: Arc<Metrics>,
     ) -> AgentSession {
@@ -131,7 +136,7 @@ impl AgentSession {
     pub async fn send(&self, packet: Packet) -> Result<(), AgentGone> {
         let kind = packet.r#type;
         let bytes = data_len(&packet);
-        match self.outbound.send(packet).await {
+        match self.outbound.send(Box::new(packet)).await {
             Ok(()) => {
                 self.metrics.packet(Segment::ToAgent, kind);
                 if bytes > 0 {
