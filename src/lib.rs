@@ -46,3 +46,25 @@ pub mod testing {
     pub use crate::metrics::{DialFailure, Metrics};
     pub use crate::state::Shared;
 }
+
+#[cfg(test)]
+mod build_tests {
+    /// The idle-connection memory figures in `benches/RESULTS.md` depend on the patched h2 in
+    /// `vendor/h2`. If h2 is updated in `Cargo.lock` without moving the patch along, cargo
+    /// only warns that the patch went unused and builds the registry's h2: fail here instead.
+    #[test]
+    fn the_patched_h2_is_the_one_built() {
+        let lock = include_str!("../Cargo.lock");
+        let h2 = lock
+            .split("[[package]]")
+            .find(|p| p.contains("\nname = \"h2\"\n"))
+            .expect("h2 is in Cargo.lock");
+        assert!(
+            !h2.contains("source = "),
+            "h2 comes from a registry, not from vendor/h2 (see vendor/README.md):\n{h2}"
+        );
+        let vendored = include_str!("../vendor/h2/Cargo.toml");
+        let version = h2.lines().find(|l| l.starts_with("version = ")).expect("a version");
+        assert!(vendored.contains(version), "vendor/h2 is not {version}");
+    }
+}
