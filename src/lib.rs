@@ -49,22 +49,29 @@ pub mod testing {
 
 #[cfg(test)]
 mod build_tests {
-    /// The idle-connection memory figures in `benches/RESULTS.md` depend on the patched h2 in
-    /// `vendor/h2`. If h2 is updated in `Cargo.lock` without moving the patch along, cargo
-    /// only warns that the patch went unused and builds the registry's h2: fail here instead.
-    #[test]
-    fn the_patched_h2_is_the_one_built() {
+    /// The idle-connection memory figures in `benches/RESULTS.md` depend on the patched crates
+    /// in `vendor/`. If one is updated in `Cargo.lock` without moving its patch along, cargo
+    /// only warns that the patch went unused and builds the registry's copy: fail here instead.
+    fn assert_vendored(name: &str, manifest: &str) {
         let lock = include_str!("../Cargo.lock");
-        let h2 = lock
+        let entry = lock
             .split("[[package]]")
-            .find(|p| p.contains("\nname = \"h2\"\n"))
-            .expect("h2 is in Cargo.lock");
+            .find(|p| p.contains(&format!("\nname = \"{name}\"\n")))
+            .unwrap_or_else(|| panic!("{name} is not in Cargo.lock"));
         assert!(
-            !h2.contains("source = "),
-            "h2 comes from a registry, not from vendor/h2 (see vendor/README.md):\n{h2}"
+            !entry.contains("source = "),
+            "{name} comes from a registry, not from vendor/{name} (see vendor/README.md):\n{entry}"
         );
-        let vendored = include_str!("../vendor/h2/Cargo.toml");
-        let version = h2.lines().find(|l| l.starts_with("version = ")).expect("a version");
-        assert!(vendored.contains(version), "vendor/h2 is not {version}");
+        let version = entry
+            .lines()
+            .find(|l| l.starts_with("version = "))
+            .expect("a version");
+        assert!(manifest.contains(version), "vendor/{name} is not {version}");
+    }
+
+    #[test]
+    fn the_patched_h2_and_rustls_are_the_ones_built() {
+        assert_vendored("h2", include_str!("../vendor/h2/Cargo.toml"));
+        assert_vendored("rustls", include_str!("../vendor/rustls/Cargo.toml"));
     }
 }

@@ -205,7 +205,19 @@ impl DeframerVecBuffer {
         // we get a message with a length field out of range here,
         // we do a zero length read.  That looks like an EOF to
         // the next layer up, which is fine.
-        let new_bytes = rd.read(&mut self.buf[self.used..])?;
+        let new_bytes = match rd.read(&mut self.buf[self.used..]) {
+            Ok(new_bytes) => new_bytes,
+            Err(err) => {
+                // konnectivity-server patch: nothing to read and nothing buffered (an idle
+                // connection): give the 4 KiB read buffer back instead of keeping it for the
+                // connection's life. `prepare_read` sizes it again for the next read, and no
+                // bytes are lost: `used == 0` means nothing is held.
+                if self.used == 0 && err.kind() == io::ErrorKind::WouldBlock {
+                    self.buf = Vec::new();
+                }
+                return Err(err);
+            }
+        };
         self.used += new_bytes;
         Ok(new_bytes)
     }
