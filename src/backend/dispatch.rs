@@ -72,6 +72,12 @@ pub async fn route_from_agent(
                         tracing::debug!(connectionID = connect_id, "CLOSE_RSP sent to frontend");
                     }
                 }
+                // A close we asked for (the frontend went first, as HTTP-CONNECT clients do):
+                // its entry is already gone, and the answer only ends the close we remembered.
+                // Upstream keeps the entry until this answer and so logs nothing here either.
+                None if agent.closing_confirmed(connect_id) => {
+                    tracing::debug!(agentID = %agent.agent_id, connectionID = connect_id, "CLOSE_RSP confirms a close this server asked for")
+                }
                 None => {
                     tracing::info!(v = 2, agentID = %agent.agent_id, connectionID = connect_id, "could not get frontend client for closing")
                 }

@@ -332,3 +332,47 @@ impl std::fmt::Debug for AgentSession {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> AgentSession {
+        let (outbound, _rx) = mpsc::channel(1);
+        AgentSession::new(
+            "agent".into(),
+            AgentIdentifiers::default(),
+            outbound,
+            CancellationToken::new(),
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    /// The remembered closes are emptied by the agent's answers, so under churn the list stays
+    /// short (each lookup scans it) and a CLOSE_RSP we asked for is told from a stray one.
+    #[test]
+    fn a_confirmed_close_is_forgotten_and_only_once() {
+        let agent = session();
+        agent.mark_closing(7);
+        agent.mark_closing(7);
+        assert!(agent.is_closing(7));
+        assert!(agent.closing_confirmed(7));
+        assert!(!agent.is_closing(7));
+        assert!(
+            !agent.closing_confirmed(7),
+            "a second CLOSE_RSP is a stray one"
+        );
+        assert!(agent.routes().closing.is_empty());
+    }
+
+    #[test]
+    fn unconfirmed_closes_are_bounded() {
+        let agent = session();
+        for id in 0..(MAX_CLOSING as i64 + 10) {
+            agent.mark_closing(id);
+        }
+        assert_eq!(agent.routes().closing.len(), MAX_CLOSING);
+        assert!(!agent.is_closing(0), "the oldest are forgotten first");
+        assert!(agent.is_closing(MAX_CLOSING as i64 + 9));
+    }
+}
