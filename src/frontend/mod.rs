@@ -9,10 +9,7 @@ use tokio::time::Instant;
 /// Sleeps until `deadline`, or forever without one.
 pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
-        // Boxed: a tokio `Sleep` is a few hundred bytes, and inline it would stay in the
-        // future of every tunnel task for the tunnel's whole life, though only a dial that
-        // is still waiting has a deadline (issue 15).
-        Some(at) => Box::pin(tokio::time::sleep_until(at)).await,
+        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
