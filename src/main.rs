@@ -5,11 +5,28 @@ use konnectivity_server::{dev, lifecycle, Inherited, Listeners, Snapshot};
 
 /// Prints `message` and returns upstream's exit code for a bad start.
 fn fail(message: impl std::fmt::Display) -> ExitCode {
+    // The log lines before it come first.
+    lifecycle::logging::finish();
     eprintln!("Error: {message}");
     ExitCode::from(1)
 }
 
+/// Writes out the log lines the writer thread still holds when `main` ends, by a return or
+/// by a panic unwinding through it.
+struct FinishLogs;
+
+impl Drop for FinishLogs {
+    fn drop(&mut self) {
+        lifecycle::logging::finish();
+    }
+}
+
 fn main() -> ExitCode {
+    let _finish_logs = FinishLogs;
+    start()
+}
+
+fn start() -> ExitCode {
     let cli = match CommandLine::parse(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) => {

@@ -167,6 +167,7 @@ pub async fn run_service(
         _ = running.shutdown(drain) => {}
         _ = signals.next() => {
             tracing::warn!("second stop signal: exiting now");
+            logging::finish();
             std::process::exit(1);
         }
     }
