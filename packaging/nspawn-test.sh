@@ -532,9 +532,11 @@ restart_load() { # <label>: prints "<ok> <failed>"; the request logs stay in $SC
     while [[ ! -e "$out/stop" ]]; do
       i=$((i + 1))
       (
+        # The start time goes first in the log, so a failed request can be set beside the journal.
+        date '+%H:%M:%S.%6N' >"$out/$i.log"
         if "$B/proxy-test-client" --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS_HOST" \
           --request-host=127.0.0.1 --request-port="$TEST_SERVER_PORT" --request-path=success \
-          >"$out/$i.log" 2>&1 && grep -q 'The success test page' "$out/$i.log"; then
+          >>"$out/$i.log" 2>&1 && grep -q 'The success test page' "$out/$i.log"; then
           touch "$out/$i.ok"
         else
           touch "$out/$i.failed"
@@ -561,6 +563,21 @@ restart_load() { # <label>: prints "<ok> <failed>"; the request logs stay in $SC
   wait "$loader"
   echo "$(find "$out" -name '*.ok' | wc -l) $(find "$out" -name '*.failed' | wc -l)"
 }
+# For each failed request of a restart_load run (up to 3): its log, and the server's and
+# systemd's journal lines from 1 s before it started to 3 s after, so a failure says why.
+explain_failures() { # <label>
+  local out="$SCRATCH/host/load-$1" f t0 from to n=0
+  for f in $(find "$out" -name '*.failed' | sort -V); do
+    n=$((n + 1)); [[ $n -le 3 ]] || break
+    f="${f%.failed}.log"; t0="$(head -1 "$f")"
+    from="$(date -d "$t0 1 second ago" '+%H:%M:%S.%6N')"; to="$(date -d "$t0 3 seconds" '+%H:%M:%S.%6N')"
+    log "      failed request $(basename "$f") started $t0; its output:"
+    sed 's/^/        | /' "$f" | tail -n 20
+    log "      journal $from .. $to:"
+    c journalctl --no-pager -o short-precise -u "$UNIT" -u konnectivity-server.socket --since "-10min" 2>/dev/null \
+      | awk -v a="$from" -v b="$to" '{ if ($3 >= a && $3 <= b) print "        | " $0 }' | tail -n 80
+  done
+}
 if [[ $INTEROP -eq 1 ]]; then
   step_begin "restarts and a reinstall under load fail no request (socket unit + startup_dial_grace)"
   check "socket unit enabled by the package" test "$(c systemctl is-enabled konnectivity-server.socket 2>&1)" = enabled
@@ -572,6 +589,7 @@ if [[ $INTEROP -eq 1 ]]; then
   sed -i 's/^KONNECTIVITY_RESTART_ON_UPGRADE=.*/KONNECTIVITY_RESTART_ON_UPGRADE=no/' "$CROOT/etc/default/konnectivity-server"
   read -r LOAD_OK LOAD_FAILED <<<"$(restart_load socket)"
   log "      with the socket unit and the grace: $LOAD_OK ok, $LOAD_FAILED failed"
+  [[ "${LOAD_FAILED:-0}" -eq 0 ]] || explain_failures socket
   check "with the socket unit: requests ran ($LOAD_OK ok)" test "${LOAD_OK:-0}" -gt 100
   check "with the socket unit: zero failed requests ($LOAD_FAILED failed)" test "${LOAD_FAILED:-1}" -eq 0
   check "with the socket unit: running after the load" active_running

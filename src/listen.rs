@@ -13,6 +13,8 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, FrontendAddr};
 use crate::state::{Shared, Snapshot};
@@ -324,16 +326,24 @@ impl AcceptBackoff {
     }
 }
 
+/// An accepted connection and, on a frontend, its token in [`Shared::accepted_connections`]:
+/// the drain waits for it until the connection's first request is done.
+pub struct Accepted<IO> {
+    pub io: IO,
+    pub hold: Option<TaskTrackerToken>,
+}
+
 /// Accepts TCP connections and runs each TLS handshake in its own task with a timeout, so a
 /// silent client cannot hold up the next one. Each handshake uses the TLS configuration
-/// current at accept time; established sessions keep theirs.
+/// current at accept time; established sessions keep theirs. `holds`: see [`Accepted`].
 pub fn spawn_tls_acceptor(
     shared: &Arc<Shared>,
     what: &'static str,
     listener: TcpListener,
     current_tls: fn(&Snapshot) -> Option<Arc<rustls::ServerConfig>>,
+    holds: Option<TaskTracker>,
     stop: CancellationToken,
-) -> ReceiverStream<tokio_rustls::server::TlsStream<TcpStream>> {
+) -> ReceiverStream<Accepted<tokio_rustls::server::TlsStream<TcpStream>>> {
     let (tx, rx) = mpsc::channel(64);
     let shared = shared.clone();
     let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
@@ -341,13 +351,18 @@ pub fn spawn_tls_acceptor(
         let mut backoff = AcceptBackoff::new(what);
         loop {
             let permit = tokio::select! {
+                biased;
                 _ = stop.cancelled() => break,
                 permit = handshakes.clone().acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => break,
                 },
             };
+            // Taken before the accept, so no connection is ever accepted without one; it is
+            // let go when the stop comes first.
+            let hold = holds.as_ref().map(TaskTracker::token);
             let accepted = tokio::select! {
+                biased;
                 _ = stop.cancelled() => break,
                 accepted = listener.accept() => accepted,
             };
@@ -373,7 +388,7 @@ pub fn spawn_tls_acceptor(
                 drop(permit);
                 match result {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(tls).await;
+                        let _ = tx.send(Accepted { io: tls, hold }).await;
                     }
                     Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
@@ -384,23 +399,28 @@ pub fn spawn_tls_acceptor(
     ReceiverStream::new(rx)
 }
 
-/// Accepts Unix-socket connections until `stop`.
+/// Accepts Unix-socket connections until `stop`, each with a token from `holds` (see
+/// [`Accepted`]).
 pub fn spawn_uds_acceptor(
     listener: UnixListener,
+    holds: TaskTracker,
     stop: CancellationToken,
-) -> ReceiverStream<tokio::net::UnixStream> {
+) -> ReceiverStream<Accepted<tokio::net::UnixStream>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let mut backoff = AcceptBackoff::new("the frontend socket");
         loop {
+            // Taken before the accept: see spawn_tls_acceptor.
+            let hold = Some(holds.token());
             let accepted = tokio::select! {
+                biased;
                 _ = stop.cancelled() => break,
                 accepted = listener.accept() => accepted,
             };
             match accepted {
-                Ok((stream, _)) => {
+                Ok((io, _)) => {
                     backoff.succeeded();
-                    if tx.send(stream).await.is_err() {
+                    if tx.send(Accepted { io, hold }).await.is_err() {
                         break;
                     }
                 }
@@ -423,12 +443,38 @@ pub fn hold_open<S: futures_util::Stream + Send + 'static>(
 /// opened so far. The first stream of a connection accepted before the drain began is served
 /// during the drain (its client raced the drain and did nothing wrong); later ones are not.
 #[derive(Clone, Debug, Default)]
-pub struct ConnStreams(Arc<std::sync::atomic::AtomicU64>);
+pub struct ConnStreams(Arc<ConnState>);
+
+#[derive(Debug, Default)]
+struct ConnState {
+    opened: std::sync::atomic::AtomicU64,
+    /// The connection's drain token (see [`Accepted`]) until its first stream takes it.
+    hold: std::sync::Mutex<Option<TaskTrackerToken>>,
+}
 
 impl ConnStreams {
+    fn new(hold: Option<TaskTrackerToken>) -> ConnStreams {
+        ConnStreams(Arc::new(ConnState {
+            opened: Default::default(),
+            hold: std::sync::Mutex::new(hold),
+        }))
+    }
+
     /// Counts a new stream; returns whether it is the connection's first.
     pub fn open_first(&self) -> bool {
-        self.0.fetch_add(1, std::sync::atomic::Ordering::AcqRel) == 0
+        self.0
+            .opened
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
+            == 0
+    }
+
+    /// The connection's drain token, for its first stream to hold while it runs.
+    pub fn take_hold(&self) -> Option<TaskTrackerToken> {
+        self.0
+            .hold
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 }
 
@@ -439,10 +485,10 @@ pub struct Tracked<IO> {
 }
 
 impl<IO> Tracked<IO> {
-    pub fn new(io: IO) -> Tracked<IO> {
+    pub fn new(accepted: Accepted<IO>) -> Tracked<IO> {
         Tracked {
-            io,
-            streams: ConnStreams::default(),
+            io: accepted.io,
+            streams: ConnStreams::new(accepted.hold),
         }
     }
 }

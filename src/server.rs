@@ -14,8 +14,8 @@ use crate::authority::AuthorityScrub;
 use crate::config::{Config, Mode};
 use crate::frontend::grpc::ProxyFrontend;
 use crate::listen::{
-    hold_open, spawn_tls_acceptor, spawn_uds_acceptor, BindError, FrontendListener, Listeners,
-    Tracked,
+    hold_open, spawn_tls_acceptor, spawn_uds_acceptor, Accepted, BindError, FrontendListener,
+    Listeners, Tracked,
 };
 use crate::metrics::Metrics;
 use crate::proto::agent_service_server::AgentServiceServer;
@@ -151,6 +151,7 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         "the agent port",
         listeners.agent,
         |s| Some(s.agent_tls.clone()),
+        None,
         accept_stop.clone(),
     );
     let agent_service = AgentServiceServer::new(AgentServer {
@@ -222,26 +223,37 @@ fn spawn_http_connect_frontend(
     listener: FrontendListener,
     accept_stop: &CancellationToken,
 ) {
-    fn serve_all<S>(shared: Arc<Shared>, servers: &TaskTracker, mut incoming: ReceiverStream<S>)
-    where
+    fn serve_all<S>(
+        shared: Arc<Shared>,
+        servers: &TaskTracker,
+        mut incoming: ReceiverStream<Accepted<S>>,
+    ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         servers.spawn(async move {
-            while let Some(stream) = incoming.next().await {
-                shared
-                    .tasks
-                    .spawn(crate::frontend::http_connect::serve(shared.clone(), stream));
+            while let Some(Accepted { io, hold }) = incoming.next().await {
+                let serve = crate::frontend::http_connect::serve(shared.clone(), io);
+                // The connection's drain token lives as long as it is served: its one CONNECT
+                // is its first request.
+                shared.tasks.spawn(async move {
+                    serve.await;
+                    drop(hold);
+                });
             }
         });
     }
     let stop = accept_stop.clone();
+    let holds = shared.accepted_connections();
     match listener {
-        FrontendListener::Unix(listener) => {
-            serve_all(shared.clone(), servers, spawn_uds_acceptor(listener, stop))
-        }
+        FrontendListener::Unix(listener) => serve_all(
+            shared.clone(),
+            servers,
+            spawn_uds_acceptor(listener, holds, stop),
+        ),
         FrontendListener::Tcp(listener) => {
             let what = "the frontend port";
-            let incoming = spawn_tls_acceptor(shared, what, listener, frontend_tls, stop);
+            let incoming =
+                spawn_tls_acceptor(shared, what, listener, frontend_tls, Some(holds), stop);
             serve_all(shared.clone(), servers, incoming)
         }
     }
@@ -262,15 +274,17 @@ fn spawn_grpc_frontend(
     let frontend_server = grpc_server(config.frontend_keepalive_time).add_service(proxy_service);
     let hard_stop = shared.hard_stop.clone();
     let stop = accept_stop.clone();
+    let holds = shared.accepted_connections();
     match listener {
         // Invalid :authority values are mended before h2 sees them (see authority.rs).
         FrontendListener::Unix(listener) => {
-            let incoming = spawn_uds_acceptor(listener, stop);
+            let incoming = spawn_uds_acceptor(listener, holds, stop);
             serve_grpc(servers, frontend_server, incoming, hard_stop, "frontend");
         }
         FrontendListener::Tcp(listener) => {
             let what = "the frontend port";
-            let incoming = spawn_tls_acceptor(shared, what, listener, frontend_tls, stop);
+            let incoming =
+                spawn_tls_acceptor(shared, what, listener, frontend_tls, Some(holds), stop);
             serve_grpc(servers, frontend_server, incoming, hard_stop, "frontend");
         }
     }
@@ -285,13 +299,18 @@ fn serve_grpc<IO, S>(
     stop: CancellationToken,
     what: &'static str,
 ) where
-    S: futures_util::Stream<Item = IO> + Send + 'static,
+    S: futures_util::Stream<Item = Accepted<IO>> + Send + 'static,
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     servers.spawn(async move {
         if let Err(e) = router
             .serve_with_incoming_shutdown(
-                hold_open(incoming.map(|io| Tracked::new(AuthorityScrub::new(io)))),
+                hold_open(incoming.map(|accepted| {
+                    Tracked::new(Accepted {
+                        io: AuthorityScrub::new(accepted.io),
+                        hold: accepted.hold,
+                    })
+                })),
                 stop.cancelled_owned(),
             )
             .await

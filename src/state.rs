@@ -99,6 +99,13 @@ impl Snapshot {
     }
 }
 
+/// How long the drain waits for a frontend connection accepted before it began to send its
+/// first request. Such a client raced the stop (a restart under socket activation) and did
+/// nothing wrong; without the wait, a stop with no tunnel open ended at once and closed its
+/// connection under the request it was sending. Clients send their request right after
+/// connecting, so this bounds only a connection that never sends one.
+pub const FIRST_REQUEST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// State shared by every task of one server.
 pub struct Shared {
     snapshot: ArcSwap<Snapshot>,
@@ -116,6 +123,10 @@ pub struct Shared {
     /// One token per tunnel that holds a dial or a connection at an agent: the drain waits on
     /// this tracker, so it ends the moment the last tunnel is released.
     tunnels: TaskTracker,
+    /// One token per frontend connection from its accept until its first request ends (and
+    /// one held by each frontend acceptor while it waits in accept): a connection accepted
+    /// just before the drain began gets its first request served (see [`FIRST_REQUEST_WAIT`]).
+    accepted: TaskTracker,
     /// Set when agents authenticate with tokens.
     pub authenticator: Option<TokenAuthenticator>,
 }
@@ -138,6 +149,7 @@ impl Shared {
             hard_stop: CancellationToken::new(),
             tasks: TaskTracker::new(),
             tunnels: TaskTracker::new(),
+            accepted: TaskTracker::new(),
             authenticator,
         }
     }
@@ -188,14 +200,25 @@ impl Shared {
         self.tunnels.token()
     }
 
+    /// The tracker a frontend acceptor takes a token from for each connection it accepts.
+    pub fn accepted_connections(&self) -> TaskTracker {
+        self.accepted.clone()
+    }
+
     /// Refuses new agents and dials from now on.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::Release);
         self.tunnels.close();
+        self.accepted.close();
     }
 
-    /// Returns once no tunnel holds a dial or a connection (after [`Shared::start_draining`]).
+    /// Returns once no tunnel holds a dial or a connection (after [`Shared::start_draining`]),
+    /// and no frontend connection accepted before the drain is still waiting to send its first
+    /// request (those are waited for up to [`FIRST_REQUEST_WAIT`]).
     pub async fn tunnels_released(&self) {
+        // A first request that dials takes its tunnel token before it lets go of its
+        // connection's, so no tunnel slips between the two waits.
+        let _ = tokio::time::timeout(FIRST_REQUEST_WAIT, self.accepted.wait()).await;
         self.tunnels.wait().await;
     }
 }

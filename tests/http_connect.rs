@@ -220,3 +220,45 @@ async fn the_connection_stays_open_after_a_405() {
     drop(agent);
     h.finish().await;
 }
+
+/// As `a_stop_with_no_tunnel_open_serves_a_connection_accepted_before_it` (tests/tunnel.rs):
+/// a CONNECT that arrives on a connection accepted before the stop began is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_serves_the_connect_of_a_connection_accepted_before_it() {
+    let (h, mut agent) = http_connect_server().await;
+    let mut client = UnixStream::connect(&h.uds).await.unwrap();
+    eventually(
+        "the connection to be accepted (its hold and the acceptor's)",
+        || h.accept_holds() == 2,
+        || format!("{} holds", h.accept_holds()),
+    )
+    .await;
+    let (shared, stopping) = h.shutdown_in_background(std::time::Duration::from_secs(60));
+    eventually(
+        "the drain to begin",
+        || shared.is_draining(),
+        || "not draining".into(),
+    )
+    .await;
+    client
+        .write_all(b"CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n")
+        .await
+        .unwrap();
+    let (address, random) = next_dial(&mut agent).await;
+    assert_eq!(address, "10.0.0.1:443");
+    agent.send(dial_rsp(random, 1, "")).await;
+    let mut head = [0u8; 39];
+    within("the 200", client.read_exact(&mut head))
+        .await
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200 Connection Established\r\n\r\n");
+    client.write_all(b"ping").await.unwrap();
+    assert_eq!(agent.recv().await, data(1, "ping"));
+    assert!(!stopping.is_finished(), "the drain waits for the tunnel");
+    drop(client);
+    within("the drain to end once the tunnel is released", stopping)
+        .await
+        .expect("the shutdown task");
+    assert_eq!(shared.metrics.established_connections.get(), 0);
+    drop(agent);
+}

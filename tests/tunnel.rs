@@ -954,6 +954,48 @@ async fn drain_serves_the_first_dial_of_a_connection_and_refuses_later_ones() {
     h.finish().await;
 }
 
+/// A stop while no tunnel is open still serves the first request of a connection accepted
+/// before it. The drain used to end at once when no tunnel was open, and closed such a
+/// connection under the request its client was sending (a restart under socket activation
+/// failed about one request in 400; packaging/nspawn-test.sh).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_with_no_tunnel_open_serves_a_connection_accepted_before_it() {
+    let h = Harness::start().await;
+    let mut agent = h.agent("agent-1").await;
+    let fresh = h.frontend().await;
+    eventually(
+        "the connection to be accepted (its hold and the acceptor's)",
+        || h.accept_holds() == 2,
+        || format!("{} holds", h.accept_holds()),
+    )
+    .await;
+    let (shared, stopping) = h.shutdown_in_background(std::time::Duration::from_secs(60));
+    eventually(
+        "the drain to begin",
+        || shared.is_draining(),
+        || "not draining".into(),
+    )
+    .await;
+    let mut tunnel = fresh.open().await;
+    tunnel.send(dial_req("10.0.0.1:443", 401)).await;
+    assert_eq!(agent.recv().await, dial_req("10.0.0.1:443", 401));
+    agent.send(dial_rsp(401, 1, "")).await;
+    assert_eq!(tunnel.recv().await, dial_rsp(401, 1, ""));
+    tunnel.send(data(1, "ping")).await;
+    assert_eq!(agent.recv().await, data(1, "ping"));
+    agent.send(data(1, "pong")).await;
+    assert_eq!(tunnel.recv().await, data(1, "pong"));
+    assert!(!stopping.is_finished(), "the drain waits for the tunnel");
+    // The tunnel's end ends the drain (its CLOSE_REQ to the agent may be cut off by the stop).
+    drop(tunnel);
+    within("the drain to end once the tunnel is released", stopping)
+        .await
+        .expect("the shutdown task");
+    assert_eq!(shared.metrics.established_connections.get(), 0);
+    assert_eq!(shared.metrics.pending_backend_dials.get(), 0);
+    drop((fresh, agent));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_grace_a_dial_without_agent_waits_for_one_to_connect() {
     let h = Harness::start_with(&["--startup-dial-grace=60s"]).await;

@@ -19,6 +19,7 @@ use crate::wire::{
     BACKEND_UNINITIALIZED, CLOSE_REQ_FAILED, DIAL_TIMEOUT, MISMATCHED_CONNECTION_IDS,
     UNRECOGNIZED_CONNECT_ID,
 };
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 pub struct ProxyFrontend {
     pub shared: Arc<Shared>,
@@ -35,10 +36,12 @@ impl ProxyService for ProxyFrontend {
         let shared = self.shared.clone();
         // The first stream of a connection is served also during the drain: the connection
         // was accepted before it began, and its client could not know.
-        let first_on_connection = request
-            .extensions()
-            .get::<ConnStreams>()
-            .is_none_or(ConnStreams::open_first);
+        let conn = request.extensions().get::<ConnStreams>();
+        let first_on_connection = conn.is_none_or(ConnStreams::open_first);
+        // The first stream keeps the drain waiting for it (see `Shared::tunnels_released`).
+        let accept_hold = conn
+            .filter(|_| first_on_connection)
+            .and_then(ConnStreams::take_hold);
         let (link, queue) = shared.tunnel_queue();
         let user_agent = request
             .metadata()
@@ -58,6 +61,7 @@ impl ProxyService for ProxyFrontend {
             dial: None,
             stopped: false,
             first_on_connection,
+            _accept_hold: accept_hold,
             user_agent,
             record: TunnelRecord::new(FrontendKind::Grpc),
         };
@@ -74,6 +78,8 @@ struct GrpcTunnel {
     dial: Option<Dial>,
     /// Whether this is its connection's first stream (see [`DialSpec`]).
     first_on_connection: bool,
+    /// The first stream's hold on the drain, from its connection's accept on.
+    _accept_hold: Option<TaskTrackerToken>,
     /// After a fatal error the stream is only drained, as upstream does, until the client ends it.
     stopped: bool,
     user_agent: String,

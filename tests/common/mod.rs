@@ -274,6 +274,31 @@ impl Harness {
         self.server.shared.start_draining();
     }
 
+    /// Tokens the drain waits on for frontend connections: one per accepted connection whose
+    /// first request has not ended, and one for the acceptor waiting in accept.
+    pub fn accept_holds(&self) -> usize {
+        self.server.shared.accepted_connections().len()
+    }
+
+    /// Starts `RunningServer::shutdown(drain)` on its own task: the server's shared state and
+    /// the task, which ends when the shutdown does.
+    #[allow(dead_code)] // not every test binary uses it
+    pub fn shutdown_in_background(
+        self,
+        drain: Duration,
+    ) -> (
+        Arc<konnectivity_server::testing::Shared>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let shared = self.server.shared.clone();
+        let Harness { server, dir, .. } = self;
+        let task = tokio::spawn(async move {
+            server.shutdown(drain).await;
+            drop(dir);
+        });
+        (shared, task)
+    }
+
     /// Waits until the server has this many agents registered.
     pub async fn wait_agents(&self, n: usize) {
         eventually(
