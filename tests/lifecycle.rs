@@ -341,6 +341,14 @@ fn notify_sequence_for_start_reload_failed_reload_and_stop() {
     let stopping = server.next_state();
     assert!(stopping.starts_with("STOPPING=1"), "{stopping:?}");
     assert_eq!(server.wait_exit(), 0);
+    // Log lines are written by a thread in batches: what it held at exit was written too, up
+    // to the last line the server logs.
+    let log = std::fs::read_to_string(&server.log).unwrap();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.ends_with("] \"stopped\""),
+        "the last line is the server's last: {last:?}"
+    );
 }
 
 #[test]
