@@ -35,6 +35,26 @@ async fn next_dial(agent: &mut TestAgent) -> (String, i64) {
     }
 }
 
+/// Sends `CONNECT address` on `client`, has `agent` accept the dial as `connect_id`, and reads
+/// the 200.
+async fn connect_through(
+    client: &mut UnixStream,
+    agent: &mut TestAgent,
+    address: &str,
+    connect_id: i64,
+) {
+    let request = format!("CONNECT {address} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    client.write_all(request.as_bytes()).await.unwrap();
+    let (dialed, random) = next_dial(agent).await;
+    assert_eq!(dialed, address);
+    agent.send(dial_rsp(random, connect_id, "")).await;
+    let mut head = [0u8; 39];
+    within("the 200", client.read_exact(&mut head))
+        .await
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200 Connection Established\r\n\r\n");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_number_of_headers_within_the_size_limit_is_accepted() {
     let (h, mut agent) = http_connect_server().await;
@@ -193,18 +213,7 @@ async fn the_connection_stays_open_after_a_405() {
         "{reply}"
     );
     // The same connection then carries a tunnel.
-    client
-        .write_all(b"CONNECT 10.0.0.3:443 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        .await
-        .unwrap();
-    let (address, random) = next_dial(&mut agent).await;
-    assert_eq!(address, "10.0.0.3:443");
-    agent.send(dial_rsp(random, 9, "")).await;
-    let mut head = [0u8; 39];
-    within("the 200", client.read_exact(&mut head))
-        .await
-        .unwrap();
-    assert_eq!(&head, b"HTTP/1.1 200 Connection Established\r\n\r\n");
+    connect_through(&mut client, &mut agent, "10.0.0.3:443", 9).await;
     drop(client);
     assert_eq!(agent.recv().await, close_req(9));
     // With `Connection: close` Go says so and closes.
@@ -227,31 +236,10 @@ async fn the_connection_stays_open_after_a_405() {
 async fn a_stop_serves_the_connect_of_a_connection_accepted_before_it() {
     let (h, mut agent) = http_connect_server().await;
     let mut client = UnixStream::connect(&h.uds).await.unwrap();
-    eventually(
-        "the connection to be accepted (its hold and the acceptor's)",
-        || h.accept_holds() == 2,
-        || format!("{} holds", h.accept_holds()),
-    )
-    .await;
-    let (shared, stopping) = h.shutdown_in_background(std::time::Duration::from_secs(60));
-    eventually(
-        "the drain to begin",
-        || shared.is_draining(),
-        || "not draining".into(),
-    )
-    .await;
-    client
-        .write_all(b"CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n")
-        .await
-        .unwrap();
-    let (address, random) = next_dial(&mut agent).await;
-    assert_eq!(address, "10.0.0.1:443");
-    agent.send(dial_rsp(random, 1, "")).await;
-    let mut head = [0u8; 39];
-    within("the 200", client.read_exact(&mut head))
-        .await
-        .unwrap();
-    assert_eq!(&head, b"HTTP/1.1 200 Connection Established\r\n\r\n");
+    let (shared, stopping) = h
+        .stop_once_accepted(1, std::time::Duration::from_secs(60))
+        .await;
+    connect_through(&mut client, &mut agent, "10.0.0.1:443", 1).await;
     client.write_all(b"ping").await.unwrap();
     assert_eq!(agent.recv().await, data(1, "ping"));
     assert!(!stopping.is_finished(), "the drain waits for the tunnel");

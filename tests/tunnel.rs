@@ -963,19 +963,9 @@ async fn a_stop_with_no_tunnel_open_serves_a_connection_accepted_before_it() {
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
     let fresh = h.frontend().await;
-    eventually(
-        "the connection to be accepted (its hold and the acceptor's)",
-        || h.accept_holds() == 2,
-        || format!("{} holds", h.accept_holds()),
-    )
-    .await;
-    let (shared, stopping) = h.shutdown_in_background(std::time::Duration::from_secs(60));
-    eventually(
-        "the drain to begin",
-        || shared.is_draining(),
-        || "not draining".into(),
-    )
-    .await;
+    let (shared, stopping) = h
+        .stop_once_accepted(1, std::time::Duration::from_secs(60))
+        .await;
     let mut tunnel = fresh.open().await;
     tunnel.send(dial_req("10.0.0.1:443", 401)).await;
     assert_eq!(agent.recv().await, dial_req("10.0.0.1:443", 401));

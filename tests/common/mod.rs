@@ -280,22 +280,38 @@ impl Harness {
         self.server.shared.accepted_connections().len()
     }
 
-    /// Starts `RunningServer::shutdown(drain)` on its own task: the server's shared state and
-    /// the task, which ends when the shutdown does.
+    /// Once the server has accepted `connections` frontend connections (none has sent a
+    /// request yet), starts `RunningServer::shutdown(drain)` on its own task and waits for the
+    /// drain to begin. Returns the server's shared state and the task, which ends when the
+    /// shutdown does.
     #[allow(dead_code)] // not every test binary uses it
-    pub fn shutdown_in_background(
+    pub async fn stop_once_accepted(
         self,
+        connections: usize,
         drain: Duration,
     ) -> (
         Arc<konnectivity_server::testing::Shared>,
         tokio::task::JoinHandle<()>,
     ) {
+        // One hold per accepted connection and one for the acceptor waiting in accept.
+        eventually(
+            &format!("{connections} frontend connections to be accepted"),
+            || self.accept_holds() == connections + 1,
+            || format!("{} holds", self.accept_holds()),
+        )
+        .await;
         let shared = self.server.shared.clone();
         let Harness { server, dir, .. } = self;
         let task = tokio::spawn(async move {
             server.shutdown(drain).await;
             drop(dir);
         });
+        eventually(
+            "the drain to begin",
+            || shared.is_draining(),
+            || "not draining".into(),
+        )
+        .await;
         (shared, task)
     }
 
