@@ -9,8 +9,8 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::backend::dispatch::{route_from_agent, teardown_agent};
-use crate::backend::identifiers::AgentIdentifiers;
 use crate::backend::session::AgentSession;
+use crate::identifiers::AgentIdentifiers;
 use crate::metrics::{stream_error_code, Segment};
 use crate::proto::agent_service_server::AgentService;
 use crate::proto::Packet;

@@ -12,6 +12,8 @@ mod codec;
 pub mod config;
 pub mod gofmt;
 mod hpack;
+mod identifiers;
+pub mod logging;
 mod metrics;
 pub mod proto;
 pub mod wire;
@@ -28,6 +30,9 @@ mod agent_service;
 mod backend;
 mod frontend;
 mod state;
+
+// The agent: a second program over the same vocabulary, TLS, config layers and lifecycle.
+pub mod agent;
 
 // Wiring and process lifecycle.
 pub mod dev;

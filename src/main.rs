@@ -1,12 +1,12 @@
 use std::process::ExitCode;
 
 use konnectivity_server::config::{layers, CommandLine, Config, Options};
-use konnectivity_server::{dev, lifecycle, Inherited, Listeners, Snapshot};
+use konnectivity_server::{dev, lifecycle, logging, Inherited, Listeners, Snapshot};
 
 /// Prints `message` and returns upstream's exit code for a bad start.
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     // The log lines before it come first.
-    lifecycle::logging::finish();
+    logging::finish();
     eprintln!("Error: {message}");
     ExitCode::from(1)
 }
@@ -17,7 +17,7 @@ struct FinishLogs;
 
 impl Drop for FinishLogs {
     fn drop(&mut self) {
-        lifecycle::logging::finish();
+        logging::finish();
     }
 }
 
@@ -50,14 +50,21 @@ fn start() -> ExitCode {
         "stderr" => konnectivity_server::config::LogFormat::Stderr,
         _ => konnectivity_server::config::LogFormat::Auto,
     };
-    let log_file = lifecycle::logging::FileSink::from_klog(
+    let log_file = logging::FileSink::from_klog(
+        "konnectivity-server",
         options.logtostderr,
         &options.log_file,
         &options.log_dir,
         options.log_file_max_size,
         options.alsologtostderr,
     );
-    lifecycle::logging::init(options.v, &options.vmodule, log_format, log_file);
+    logging::init(
+        "konnectivity-server",
+        options.v,
+        &options.vmodule,
+        log_format,
+        log_file,
+    );
     for warning in &options.load_warnings {
         tracing::warn!("{warning}");
     }

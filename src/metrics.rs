@@ -19,7 +19,7 @@ const CONNECTION_DURATION_BUCKETS: &[f64] = &[
 
 /// Log lines about peers that break the protocol, server-wide: one a second, bursts of ten.
 /// A peer can send a hundred thousand bad packets a second; the journal must not take each.
-fn violation_log_quota() -> governor::Quota {
+pub(crate) fn violation_log_quota() -> governor::Quota {
     const BURST: std::num::NonZeroU32 = match std::num::NonZeroU32::new(10) {
         Some(n) => n,
         None => panic!("a positive burst"),
@@ -362,10 +362,8 @@ impl Metrics {
             Box::new(self.reloads.clone()),
             Box::new(self.last_reload_success.clone()),
             Box::new(self.build_info.clone()),
-            Box::new(prometheus::process_collector::ProcessCollector::for_self()),
-            Box::new(ProcessExtras::new()),
         ];
-        for c in collectors {
+        for c in collectors.into_iter().chain(process_collectors()) {
             r.register(c).expect("metric names are unique");
         }
     }
@@ -546,6 +544,14 @@ fn peer_went_away(status: &tonic::Status) -> bool {
         source = error.source();
     }
     false
+}
+
+/// The `process_*` families Go's client_golang registers, for a registry of either program.
+pub(crate) fn process_collectors() -> Vec<Box<dyn prometheus::core::Collector>> {
+    vec![
+        Box::new(prometheus::process_collector::ProcessCollector::for_self()),
+        Box::new(ProcessExtras::new()),
+    ]
 }
 
 /// The process families Go's client_golang collector has and the prometheus crate's lacks:

@@ -174,6 +174,12 @@ impl Shared {
     }
 
     /// (agents, tunnels) right now, for status lines.
+    /// systemd's STATUS line.
+    pub fn status_line(&self) -> String {
+        let (agents, tunnels) = self.counts();
+        format!("serving: {agents} agents, {tunnels} tunnels")
+    }
+
     pub fn counts(&self) -> (usize, i64) {
         (
             self.registry.agents().len(),

@@ -118,6 +118,34 @@ pub fn select_cipher_suites(names: &[String]) -> (Vec<SupportedCipherSuite>, Vec
     (chosen, unsupported)
 }
 
+/// The agent's TLS toward its servers, as upstream's agent sets it up: TLS 1.2 or 1.3, trust
+/// only `ca` (no system roots), present `identity` (certificate, key) when given, and offer
+/// `alpn` in its order. The server name is checked by the connector (`--proxy-server-host`).
+pub fn client_config(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+    alpn: &[Vec<u8>],
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let roots = load_roots(ca)?;
+    let builder =
+        rustls::ClientConfig::builder_with_provider(Arc::new(provider::default_provider()))
+            .with_protocol_versions(&[&rustls::version::TLS12, &rustls::version::TLS13])
+            .expect("ring supports TLS 1.2 and 1.3")
+            .with_root_certificates(roots);
+    let mut config = match identity {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(load_certs(cert)?, load_key(key)?)
+            .map_err(|reason| TlsError::Pair {
+                cert: cert.to_path_buf(),
+                key: key.to_path_buf(),
+                reason,
+            })?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.to_vec();
+    Ok(Arc::new(config))
+}
+
 /// Builds a server config. `alpn` is `h2` for the gRPC ports and `http/1.1` for CONNECT.
 pub fn server_config(
     files: &TlsFiles<'_>,

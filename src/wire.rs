@@ -41,6 +41,21 @@ pub const FRONTEND_QUEUE_BUDGET: &str =
 pub const FRONTEND_QUEUE_OVERFLOW: &str =
     "tunnel closed: the frontend did not keep up with the data sent to it";
 
+/// CLOSE_RSP error from the agent for CLOSE_REQ naming a connection it does not have
+/// (upstream's agent text, capitalised as it is).
+pub const UNKNOWN_CONNECT_ID: &str = "Unknown connectID";
+/// CLOSE_RSP error from our agent when a destination's queue passed its hard limit.
+pub const ENDPOINT_QUEUE_OVERFLOW: &str =
+    "tunnel closed: the destination did not keep up with the data sent to it";
+/// CLOSE_RSP error from our agent when a write to the destination made no progress.
+pub const ENDPOINT_WRITE_STALLED: &str =
+    "tunnel closed: the destination stopped reading the data sent to it";
+/// CLOSE_RSP error from our agent when its queue budget is exhausted.
+pub const ENDPOINT_QUEUE_BUDGET: &str =
+    "tunnel closed: the agent's queue budget is exhausted and this destination was not reading";
+/// DIAL_RSP error from our agent when too many dials are already in progress.
+pub const TOO_MANY_DIALS: &str = "agent has too many dials in progress";
+
 /// The upstream name of a packet type (`DIAL_REQ`, ...), or `Unknown`.
 pub fn packet_type_name(kind: i32) -> &'static str {
     PacketType::try_from(kind)
@@ -115,6 +130,10 @@ pub fn close_response(connect_id: i64, error: &str) -> Packet {
             connect_id,
         }),
     )
+}
+
+pub fn drain() -> Packet {
+    packet(PacketType::Drain, Payload::Drain(crate::proto::Drain {}))
 }
 
 pub fn dial_close(random: i64) -> Packet {

@@ -20,9 +20,7 @@ fn captured() -> &'static Arc<Mutex<Vec<u8>>> {
         let log = Arc::new(Mutex::new(Vec::new()));
         let sink = log.clone();
         let subscriber =
-            konnectivity_server::lifecycle::logging::klog_subscriber(4, "", move || {
-                Capture(sink.clone())
-            });
+            konnectivity_server::logging::klog_subscriber(4, "", move || Capture(sink.clone()));
         tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
         log
     })

@@ -25,7 +25,7 @@ pub enum Port {
     Admin,
 }
 
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     Response::builder()
         .status(status)
         .header("content-type", "text/plain; charset=utf-8")
@@ -50,7 +50,11 @@ pub fn accepts_gzip(accept_encoding: &str) -> bool {
 
 /// `/metrics`, gzipped when the scraper accepts it (Prometheus always does), as promhttp.
 fn metrics_response(shared: &Shared, gzip: bool) -> Response<Full<Bytes>> {
-    let text = shared.metrics.render();
+    exposition(shared.metrics.render(), gzip)
+}
+
+/// A text exposition as promhttp serves it: gzipped when the scraper accepts it.
+pub fn exposition(text: String, gzip: bool) -> Response<Full<Bytes>> {
     let builder = Response::builder()
         .status(StatusCode::OK)
         .header("content-type", "text/plain; version=0.0.4; charset=utf-8");
@@ -123,7 +127,7 @@ fn agents_response(shared: &Shared) -> Response<Full<Bytes>> {
         .expect("static response parts are valid")
 }
 
-fn redirect(to: &str) -> Response<Full<Bytes>> {
+pub fn redirect(to: &str) -> Response<Full<Bytes>> {
     Response::builder()
         .status(StatusCode::MOVED_PERMANENTLY)
         .header("location", to)

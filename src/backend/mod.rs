@@ -2,15 +2,15 @@
 //! send, and the strategies that pick an agent for a dial.
 
 pub mod dispatch;
-pub mod identifiers;
+
 pub mod session;
 pub mod strategy;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::config::Strategy;
+use crate::identifiers::remove_port_from_host;
 use crate::metrics::Metrics;
-use identifiers::remove_port_from_host;
 use session::AgentSession;
 use strategy::Storage;
 

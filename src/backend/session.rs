@@ -13,7 +13,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::identifiers::AgentIdentifiers;
+use crate::identifiers::AgentIdentifiers;
 use crate::metrics::{Metrics, Segment};
 use crate::proto::Packet;
 use crate::tunnel::FrontendLink;

@@ -297,7 +297,7 @@ pub fn parse_go_bool(text: &str) -> Option<bool> {
     }
 }
 
-fn go_bool(text: &str) -> Result<bool, String> {
+pub(crate) fn go_bool(text: &str) -> Result<bool, String> {
     parse_go_bool(text)
         .ok_or_else(|| format!("strconv.ParseBool: parsing {text:?}: invalid syntax"))
 }
@@ -341,7 +341,7 @@ fn go_base0(func: &str, text: &str, digits_text: &str) -> Result<u64, String> {
 }
 
 /// pflag's int flags: Go's `strconv.ParseInt(text, 0, 64)`.
-fn go_int(text: &str) -> Result<i64, String> {
+pub(crate) fn go_int(text: &str) -> Result<i64, String> {
     let (negative, rest) = match text.as_bytes().first() {
         Some(b'-') => (true, &text[1..]),
         Some(b'+') => (false, &text[1..]),
@@ -358,12 +358,12 @@ fn go_int(text: &str) -> Result<i64, String> {
 }
 
 /// pflag's uint flags: Go's `strconv.ParseUint(text, 0, 64)` (no sign).
-fn go_uint(text: &str) -> Result<u64, String> {
+pub(crate) fn go_uint(text: &str) -> Result<u64, String> {
     go_base0("ParseUint", text, text)
 }
 
 /// pflag's float32 flags, with Go's error wording.
-fn go_float32(text: &str) -> Result<f32, String> {
+pub(crate) fn go_float32(text: &str) -> Result<f32, String> {
     match text.parse::<f32>() {
         Ok(value) if value.is_finite() || !text.chars().any(|c| c.is_ascii_digit()) => Ok(value),
         Ok(_) => Err(format!(
@@ -376,7 +376,7 @@ fn go_float32(text: &str) -> Result<f32, String> {
 }
 
 /// klog's `Level`: a base-10 32-bit integer. Negative levels are valid and log like 0.
-fn go_level(text: &str) -> Result<u32, String> {
+pub(crate) fn go_level(text: &str) -> Result<u32, String> {
     go_int32(text).map(|level| level.max(0) as u32)
 }
 
@@ -394,7 +394,7 @@ fn go_int32(text: &str) -> Result<i32, String> {
 }
 
 /// A level from the file or the environment: any integer, negative ones counting as 0.
-fn level<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+pub(crate) fn level<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
     let level = i64::deserialize(deserializer)?;
     u32::try_from(level.max(0)).map_err(serde::de::Error::custom)
 }
@@ -443,7 +443,7 @@ pub fn check_trace_location(text: &str) -> Result<(), String> {
 }
 
 /// Paths may be empty (`--config=` means "no file"), which clap's own path parser refuses.
-fn any_path(text: &str) -> Result<PathBuf, std::convert::Infallible> {
+pub(crate) fn any_path(text: &str) -> Result<PathBuf, std::convert::Infallible> {
     Ok(PathBuf::from(text))
 }
 
@@ -451,6 +451,55 @@ impl Default for Options {
     /// The built-in defaults: exactly what an empty command line gives.
     fn default() -> Self {
         Options::try_parse_from(["konnectivity-server"]).expect("defaults parse")
+    }
+}
+
+impl super::layers::Layered for Options {
+    const PROGRAM: &'static str = "konnectivity-server";
+    const ENV_PREFIX: &'static str = "KONNECTIVITY_SERVER_";
+    const DEFAULT_CONFIG_PATH: &'static str = "/etc/konnectivity/server.toml";
+    const ID_VARIABLE: (&'static str, &'static str) = ("PROXY_SERVER_ID", "server_id");
+    const OPTIONAL_KEYS: &'static [(&'static str, bool)] =
+        &[("server_id", false), ("warn_on_channel_limit", true)];
+
+    fn config_flag(&self) -> Option<&PathBuf> {
+        self.config.as_ref()
+    }
+
+    fn take_invocation(&mut self, cli: &Self, config: Option<PathBuf>) {
+        self.version = cli.version;
+        self.config = config;
+        self.check_config = cli.check_config;
+        self.write_config_to = cli.write_config_to.clone();
+        self.dev = cli.dev;
+        self.dev_state_dir = cli.dev_state_dir.clone();
+        self.ignored_args = cli.ignored_args.clone();
+    }
+
+    fn load_warnings_mut(&mut self) -> &mut Vec<String> {
+        &mut self.load_warnings
+    }
+
+    fn ignored_args(&self) -> &[String] {
+        &self.ignored_args
+    }
+
+    fn after_load(&self, warnings: &mut Vec<String>) {
+        use super::TlsVersion;
+        if let Ok(version @ (TlsVersion::Tls10 | TlsVersion::Tls11)) =
+            super::parse_tls_version(&self.tls_min_version)
+        {
+            let name = if version == TlsVersion::Tls10 {
+                "1.0"
+            } else {
+                "1.1"
+            };
+            warnings.push(format!(
+                "--tls-min-version={} asks for TLS {name}, which is insecure (RFC 8996) and not \
+                 implemented here: TLS 1.2 is the lowest version served",
+                self.tls_min_version
+            ));
+        }
     }
 }
 

@@ -6,7 +6,6 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
-use clap::{CommandFactory, FromArgMatches};
 use figment::providers::{Format, Serialized, Toml};
 use figment::value::{Dict, Value};
 use figment::Figment;
@@ -15,11 +14,41 @@ use serde::Deserialize;
 use super::flags::{check_severity, check_trace_location, check_vmodule, parse_go_bool};
 use super::Options;
 
-pub const DEFAULT_CONFIG_PATH: &str = "/etc/konnectivity/server.toml";
-pub const ENV_PREFIX: &str = "KONNECTIVITY_SERVER_";
-/// Variables with our prefix that are not settings: the config path itself, and the
-/// arguments the systemd unit passes on from /etc/default/konnectivity-server.
+/// Variables with a program's prefix that are not settings: the config path itself, and the
+/// arguments the systemd unit passes on from /etc/default/<program>.
 const ENV_NOT_SETTINGS: &[&str] = &["config", "args"];
+
+/// A program's settings, as every layer spells them: a clap command line whose ids are the
+/// TOML keys and, upper-cased behind [`Layered::ENV_PREFIX`], the environment's names. Both
+/// programs (the server's `Options`, the agent's `AgentOptions`) load through this one path.
+pub trait Layered:
+    clap::Parser + serde::Serialize + serde::de::DeserializeOwned + Default + Clone
+{
+    /// The program's name in usage lines and warnings.
+    const PROGRAM: &'static str;
+    /// `KONNECTIVITY_SERVER_`: settings from the environment.
+    const ENV_PREFIX: &'static str;
+    /// The file read when `--config` and `<PREFIX>CONFIG` name none and it exists.
+    const DEFAULT_CONFIG_PATH: &'static str;
+    /// Upstream's own variable for the program's id (`PROXY_SERVER_ID`) and the key it sets.
+    /// Our prefixed variable for the same key overrides it.
+    const ID_VARIABLE: (&'static str, &'static str);
+    /// Keys with no built-in default (so not in the defaults' table) that the environment
+    /// may still set, and whether each is a bool (else a string).
+    const OPTIONAL_KEYS: &'static [(&'static str, bool)];
+
+    /// `--config`, as given on the command line.
+    fn config_flag(&self) -> Option<&PathBuf>;
+    /// Copies what is about this invocation rather than the program's settings (the config
+    /// path that was read, `--check-config`, `--write-config-to`, ...) from the command line.
+    fn take_invocation(&mut self, cli: &Self, config: Option<PathBuf>);
+    /// Problems found while loading that do not stop the start.
+    fn load_warnings_mut(&mut self) -> &mut Vec<String>;
+    /// Arguments that are not flags (ignored, as upstream).
+    fn ignored_args(&self) -> &[String];
+    /// Program-specific warnings about the merged settings.
+    fn after_load(&self, _warnings: &mut Vec<String>) {}
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -35,23 +64,34 @@ pub enum ConfigError {
 
 /// The parsed command line and which settings it gave explicitly.
 #[derive(Clone, Debug)]
-pub struct CommandLine {
-    pub options: Options,
+pub struct CommandLine<O = Options> {
+    pub options: O,
     explicit: Dict,
 }
 
-impl CommandLine {
-    /// Parses a command line as cobra and pflag do: an error reads as theirs do
-    /// (`unknown flag: --x`, `invalid argument "v" for "--flag" flag: ...`) followed by the usage.
+impl CommandLine<Options> {
+    /// The server's command line: [`CommandLine::parse_as`].
     pub fn parse<I, T>(args: I) -> Result<CommandLine, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<OsString> + Clone,
     {
+        CommandLine::parse_as(args)
+    }
+}
+
+impl<O: Layered> CommandLine<O> {
+    /// Parses a command line as cobra and pflag do: an error reads as theirs do
+    /// (`unknown flag: --x`, `invalid argument "v" for "--flag" flag: ...`) followed by the usage.
+    pub fn parse_as<I, T>(args: I) -> Result<CommandLine<O>, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
         let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
-        let matches = Options::command()
+        let matches = O::command()
             .try_get_matches_from(&args)
-            .map_err(go_parse_error)?;
+            .map_err(go_parse_error::<O>)?;
         // klog's typed flags, checked as klog's Set does. Their defaults are not in the
         // syntax these accept (`:0`), so only values given on the command line are checked.
         type Check = fn(&str) -> Result<(), String>;
@@ -75,17 +115,16 @@ impl CommandLine {
             }
             for value in matches.get_many::<String>(id).into_iter().flatten() {
                 if let Err(cause) = check(value) {
-                    return Err(usage_error(
+                    return Err(usage_error::<O>(
                         clap::error::ErrorKind::ValueValidation,
                         &format!("invalid argument {value:?} for {flag:?} flag: {cause}"),
                     ));
                 }
             }
         }
-        let mut options = Options::from_arg_matches(&matches).map_err(go_parse_error)?;
-        options.load_warnings = ignored_arguments_warning(&args, &options.ignored_args)
-            .into_iter()
-            .collect();
+        let mut options = O::from_arg_matches(&matches).map_err(go_parse_error::<O>)?;
+        let warning = ignored_arguments_warning::<O>(&args, options.ignored_args());
+        *options.load_warnings_mut() = warning.into_iter().collect();
         let all = Value::serialize(&options)
             .ok()
             .and_then(|v| v.into_dict())
@@ -107,24 +146,21 @@ impl CommandLine {
 }
 
 /// The usage cobra prints after a command-line error.
-fn usage_text() -> String {
-    let mut help = Options::command().render_help().to_string();
+fn usage_text<O: Layered>() -> String {
+    let mut help = O::command().render_help().to_string();
     if let Some(at) = help.find("Options:\n") {
         help = format!("Flags:\n{}", &help[at + "Options:\n".len()..]);
     }
-    format!(
-        "Usage:\n  konnectivity-server [flags]\n\n{}",
-        help.trim_end()
-    )
+    format!("Usage:\n  {} [flags]\n\n{}", O::PROGRAM, help.trim_end())
 }
 
 /// An error printed as `error: <message>`, then the usage, with an exit code of 1.
-fn usage_error(kind: clap::error::ErrorKind, message: &str) -> clap::Error {
-    clap::Error::raw(kind, format!("{message}\n{}\n", usage_text()))
+fn usage_error<O: Layered>(kind: clap::error::ErrorKind, message: &str) -> clap::Error {
+    clap::Error::raw(kind, format!("{message}\n{}\n", usage_text::<O>()))
 }
 
 /// Rewords clap's parse errors as pflag words them.
-fn go_parse_error(err: clap::Error) -> clap::Error {
+fn go_parse_error<O: Layered>(err: clap::Error) -> clap::Error {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
     let context = |kind| match err.get(kind) {
         Some(ContextValue::String(text)) => Some(text.clone()),
@@ -165,12 +201,12 @@ fn go_parse_error(err: clap::Error) -> clap::Error {
         }
         _ => return err,
     };
-    usage_error(err.kind(), &message)
+    usage_error::<O>(err.kind(), &message)
 }
 
 /// Upstream ignores arguments that are not flags without a word; this names them, and says
 /// how to give a bool flag a value when one follows such a flag.
-fn ignored_arguments_warning(args: &[OsString], ignored: &[String]) -> Option<String> {
+fn ignored_arguments_warning<O: Layered>(args: &[OsString], ignored: &[String]) -> Option<String> {
     if ignored.is_empty() {
         return None;
     }
@@ -182,7 +218,7 @@ fn ignored_arguments_warning(args: &[OsString], ignored: &[String]) -> Option<St
             .collect::<Vec<_>>()
             .join(", ")
     );
-    let command = Options::command();
+    let command = O::command();
     for pair in args.windows(2) {
         let (flag, value) = (pair[0].to_string_lossy(), pair[1].to_string_lossy());
         let Some(name) = flag.strip_prefix("--") else {
@@ -203,19 +239,19 @@ fn ignored_arguments_warning(args: &[OsString], ignored: &[String]) -> Option<St
     Some(message)
 }
 
-/// Which file to read: `--config`, else `KONNECTIVITY_SERVER_CONFIG`, else the default path
-/// when it exists. An explicit path must exist; an empty one means no file.
-pub fn config_path(cli: &Options) -> Result<Option<PathBuf>, ConfigError> {
+/// Which file to read: `--config`, else `<PREFIX>CONFIG` (`KONNECTIVITY_SERVER_CONFIG`), else
+/// the default path when it exists. An explicit path must exist; an empty one means no file.
+pub fn config_path<O: Layered>(cli: &O) -> Result<Option<PathBuf>, ConfigError> {
     let explicit = cli
-        .config
-        .clone()
-        .or_else(|| std::env::var_os(format!("{ENV_PREFIX}CONFIG")).map(PathBuf::from));
+        .config_flag()
+        .cloned()
+        .or_else(|| std::env::var_os(format!("{}CONFIG", O::ENV_PREFIX)).map(PathBuf::from));
     match explicit {
         Some(path) if path.as_os_str().is_empty() => Ok(None),
         Some(path) if !path.exists() => Err(ConfigError::MissingFile(path)),
         Some(path) => Ok(Some(path)),
         None => {
-            let default = Path::new(DEFAULT_CONFIG_PATH);
+            let default = Path::new(O::DEFAULT_CONFIG_PATH);
             Ok(default.exists().then(|| default.to_path_buf()))
         }
     }
@@ -223,8 +259,8 @@ pub fn config_path(cli: &Options) -> Result<Option<PathBuf>, ConfigError> {
 
 /// Checks a file on its own first: the toml parser knows lines and columns, so a typo or a
 /// wrong type is reported with its key and line, and never falls back to a default.
-fn check_file(path: &Path, text: &str) -> Result<(), ConfigError> {
-    toml::from_str::<Options>(text)
+fn check_file<O: Layered>(path: &Path, text: &str) -> Result<(), ConfigError> {
+    toml::from_str::<O>(text)
         .map(|_| ())
         .map_err(|e| ConfigError::File {
             path: path.to_path_buf(),
@@ -233,22 +269,22 @@ fn check_file(path: &Path, text: &str) -> Result<(), ConfigError> {
 }
 
 /// Merges every layer into one set of options (not yet validated).
-pub fn load(cli: &CommandLine) -> Result<Options, ConfigError> {
+pub fn load<O: Layered>(cli: &CommandLine<O>) -> Result<O, ConfigError> {
     let path = config_path(&cli.options)?;
-    let mut figment = Figment::from(Serialized::defaults(Options::default()));
+    let mut figment = Figment::from(Serialized::defaults(O::default()));
     if let Some(path) = &path {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        check_file(path, &text)?;
+        check_file::<O>(path, &text)?;
         figment = figment.merge(Toml::string(&text));
     }
-    let (env, mut warnings) = env_layer(std::env::vars())?;
+    let (env, mut warnings) = env_layer::<O>(std::env::vars())?;
     figment = figment
         .merge(Serialized::globals(env))
         .merge(Serialized::globals(cli.explicit.clone()));
-    let mut options: Options = figment.extract().map_err(|e| {
+    let mut options: O = figment.extract().map_err(|e| {
         ConfigError::Layer(
             e.into_iter()
                 .map(|e| e.to_string())
@@ -256,54 +292,38 @@ pub fn load(cli: &CommandLine) -> Result<Options, ConfigError> {
                 .join("; "),
         )
     })?;
-    // Settings that are about this invocation, not the server, come from the command line.
-    options.version = cli.options.version;
-    options.config = path;
-    options.check_config = cli.options.check_config;
-    options.write_config_to = cli.options.write_config_to.clone();
-    options.dev = cli.options.dev;
-    options.dev_state_dir = cli.options.dev_state_dir.clone();
-    if let Ok(version @ (super::TlsVersion::Tls10 | super::TlsVersion::Tls11)) =
-        super::parse_tls_version(&options.tls_min_version)
-    {
-        let name = if version == super::TlsVersion::Tls10 {
-            "1.0"
-        } else {
-            "1.1"
-        };
-        warnings.push(format!(
-            "--tls-min-version={} asks for TLS {name}, which is insecure (RFC 8996) and not \
-             implemented here: TLS 1.2 is the lowest version served",
-            options.tls_min_version
-        ));
-    }
-    options.ignored_args = cli.options.ignored_args.clone();
-    options.load_warnings = cli.options.load_warnings.clone();
-    options.load_warnings.extend(warnings);
+    // Settings that are about this invocation, not the program, come from the command line.
+    options.take_invocation(&cli.options, path);
+    options.after_load(&mut warnings);
+    let mut from_cli = cli.options.clone();
+    let mut all = std::mem::take(from_cli.load_warnings_mut());
+    all.extend(warnings);
+    *options.load_warnings_mut() = all;
     Ok(options)
 }
 
-/// Settings from the environment: `PROXY_SERVER_ID` (as upstream), then
-/// `KONNECTIVITY_SERVER_<KEY>`. Each value is text, typed by its key the way a flag's value
-/// is, so `KONNECTIVITY_SERVER_SERVER_ID=12345` stays a string. A value that does not parse is
-/// an error naming the variable; an unknown key is returned as a warning.
-pub fn env_layer(
+/// Settings from the environment: upstream's id variable (`PROXY_SERVER_ID`), then
+/// `<PREFIX><KEY>`. Each value is text, typed by its key the way a flag's value is, so
+/// `KONNECTIVITY_SERVER_SERVER_ID=12345` stays a string. A value that does not parse is an
+/// error naming the variable; an unknown key is returned as a warning.
+pub fn env_layer<O: Layered>(
     vars: impl Iterator<Item = (String, String)>,
 ) -> Result<(Dict, Vec<String>), ConfigError> {
+    let (id_variable, id_key) = O::ID_VARIABLE;
     let mut warnings = Vec::new();
-    let defaults = Value::serialize(Options::default())
+    let defaults = Value::serialize(O::default())
         .ok()
         .and_then(|v| v.into_dict())
         .unwrap_or_default();
     let mut vars: Vec<(String, String)> = vars.collect();
-    // PROXY_SERVER_ID first, so our own prefixed variable overrides it.
-    vars.sort_by_key(|(name, _)| name != "PROXY_SERVER_ID");
+    // Upstream's id variable first, so our own prefixed variable overrides it.
+    vars.sort_by_key(|(name, _)| name != id_variable);
     let mut layer = Dict::new();
     let mut service_links = Vec::new();
     for (name, raw) in vars {
-        let key = if name == "PROXY_SERVER_ID" {
-            "server_id".to_string()
-        } else if let Some(key) = name.strip_prefix(ENV_PREFIX) {
+        let key = if name == id_variable {
+            id_key.to_string()
+        } else if let Some(key) = name.strip_prefix(O::ENV_PREFIX) {
             key.to_ascii_lowercase()
         } else {
             continue;
@@ -311,7 +331,7 @@ pub fn env_layer(
         if ENV_NOT_SETTINGS.contains(&key.as_str()) {
             continue;
         }
-        if is_service_link(&key, &raw) && (name != "PROXY_SERVER_ID") {
+        if is_service_link::<O>(&key, &raw) && (name != id_variable) {
             service_links.push(name);
             continue;
         }
@@ -335,28 +355,30 @@ pub fn env_layer(
                     .collect::<Vec<_>>(),
             ),
             Some(_) => Value::from(raw.clone()),
-            None if key == "server_id" => Value::from(raw.clone()),
-            None if key == "warn_on_channel_limit" => {
-                Value::from(parse_go_bool(&raw).ok_or_else(|| invalid("boolean"))?)
-            }
-            None => {
-                // Not fatal: deployment tooling sets such variables too (for example
-                // KONNECTIVITY_SERVER_BIN). It is named in a warning at start.
-                warnings.push(format!(
-                    "environment variable {name} is not a setting (no key {key:?}); ignoring it"
-                ));
-                continue;
-            }
+            None => match O::OPTIONAL_KEYS.iter().find(|(k, _)| *k == key) {
+                Some((_, true)) => {
+                    Value::from(parse_go_bool(&raw).ok_or_else(|| invalid("boolean"))?)
+                }
+                Some((_, false)) => Value::from(raw.clone()),
+                None => {
+                    // Not fatal: deployment tooling sets such variables too (for example
+                    // KONNECTIVITY_SERVER_BIN). It is named in a warning at start.
+                    warnings.push(format!(
+                        "environment variable {name} is not a setting (no key {key:?}); ignoring it"
+                    ));
+                    continue;
+                }
+            },
         };
         layer.insert(key, value);
     }
     if !service_links.is_empty() {
         warnings.push(format!(
             "ignoring Kubernetes service-link environment variables, which are not settings (the \
-             kubelet sets them for a Service named konnectivity-server or \
-             konnectivity-server-<name> in the pod's namespace; enableServiceLinks: false in \
-             the pod spec stops that): {}",
-            service_links.join(", ")
+             kubelet sets them for a Service named {program} or {program}-<name> in the pod's \
+             namespace; enableServiceLinks: false in the pod spec stops that): {}",
+            service_links.join(", "),
+            program = O::PROGRAM,
         ));
     }
     Ok((layer, warnings))
@@ -367,13 +389,13 @@ pub fn env_layer(
 /// `<SVC>_SERVICE_HOST`, `<SVC>_SERVICE_PORT[_<NAME>]`. A Service named
 /// `konnectivity-server-agent` gives `KONNECTIVITY_SERVER_AGENT_PORT`, which is also our
 /// `agent_port` key, so the value's shape decides for `_PORT`; the other forms are never keys.
-fn is_service_link(key: &str, value: &str) -> bool {
+fn is_service_link<O: Layered>(key: &str, value: &str) -> bool {
     if is_link_url(value) {
         return true;
     }
     let service = |suffix: &str| key.starts_with(suffix) || key.contains(&format!("_{suffix}"));
     if service("service_host") || service("service_port") {
-        return !is_setting(key);
+        return !is_setting::<O>(key);
     }
     // `..._port_<number>_<proto>` and its `_proto`, `_port`, `_addr` variants.
     let words: Vec<&str> = key.split('_').collect();
@@ -382,7 +404,7 @@ fn is_service_link(key: &str, value: &str) -> bool {
             && !w[1].is_empty()
             && w[1].bytes().all(|b| b.is_ascii_digit())
             && matches!(w[2], "tcp" | "udp" | "sctp")
-    }) && !is_setting(key)
+    }) && !is_setting::<O>(key)
 }
 
 /// `tcp://host:port` (or udp, sctp), as the kubelet writes it.
@@ -404,14 +426,14 @@ fn is_link_url(value: &str) -> bool {
     }
 }
 
-fn is_setting(key: &str) -> bool {
-    Options::command()
+fn is_setting<O: Layered>(key: &str) -> bool {
+    O::command()
         .get_arguments()
         .any(|arg| arg.get_id().as_str() == key)
 }
 
 /// The effective settings as TOML, loadable with `--config`.
-pub fn to_toml(options: &Options) -> String {
+pub fn to_toml<O: Layered>(options: &O) -> String {
     toml::to_string(options).expect("options serialize to TOML")
 }
 

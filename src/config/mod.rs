@@ -2,7 +2,7 @@
 //! upstream's order, and the typed, immutable [`Config`] the server runs on.
 
 mod duration;
-mod flags;
+pub(crate) mod flags;
 pub mod layers;
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 pub use duration::{GoDuration, ParseDurationError};
 pub use flags::Options;
-pub use layers::{CommandLine, ConfigError};
+pub use layers::{CommandLine, ConfigError, Layered};
 
 /// The frontend protocol (`--mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

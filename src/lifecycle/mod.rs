@@ -1,6 +1,5 @@
 //! The process lifecycle: signals, reload, drain, systemd and logs.
 
-pub mod logging;
 pub mod systemd;
 pub mod watch;
 
@@ -15,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{layers, CommandLine, Config};
 use crate::listen::Listeners;
+use crate::logging;
 use crate::server::{self, RunningServer};
 use crate::state::{Shared, Snapshot};
 
@@ -94,7 +94,7 @@ impl Reloader {
                     "configuration reloaded"
                 );
                 self.shared.metrics.reload(true);
-                systemd::ready(&self.shared);
+                systemd::ready(&self.shared.status_line());
                 ReloadOutcome::Applied { generation, kept }
             }
             Err(cause) => {
@@ -140,8 +140,9 @@ pub async fn run_service(
     // Watches are in place before READY=1: a change made right after readiness is seen.
     let (changed_tx, mut changed_rx) = mpsc::channel::<()>(1);
     let mut watcher = start_watcher(&shared, &changed_tx);
-    systemd::ready(&shared);
-    systemd::spawn_heartbeat(shared.clone(), heartbeat.clone());
+    systemd::ready(&shared.status_line());
+    let status = shared.clone();
+    systemd::spawn_heartbeat(move || status.status_line(), heartbeat.clone());
     loop {
         let trigger = tokio::select! {
             signal = signals.next() => match signal {
@@ -161,7 +162,7 @@ pub async fn run_service(
         }
     }
     drop(watcher);
-    systemd::stopping(&shared);
+    systemd::stopping(&format!("draining {} tunnels", shared.counts().1));
     let drain = shared.snapshot().config.graceful_shutdown_timeout;
     tokio::select! {
         _ = running.shutdown(drain) => {}

@@ -1,13 +1,10 @@
-//! sd_notify: readiness, reloads, stopping, status and the watchdog. Every call is a no-op
-//! when NOTIFY_SOCKET is unset.
+//! sd_notify: readiness, reloads, stopping, status and the watchdog, for both programs (each
+//! says what its STATUS line reads). Every call is a no-op when NOTIFY_SOCKET is unset.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
-
-use crate::state::Shared;
 
 fn send(states: &[NotifyState<'_>]) {
     if let Err(e) = sd_notify::notify(states) {
@@ -15,14 +12,13 @@ fn send(states: &[NotifyState<'_>]) {
     }
 }
 
-fn status_line(shared: &Shared) -> String {
-    let (agents, tunnels) = shared.counts();
-    format!("serving: {agents} agents, {tunnels} tunnels")
+pub fn ready(status: &str) {
+    send(&[NotifyState::Ready, NotifyState::Status(status)]);
 }
 
-pub fn ready(shared: &Shared) {
-    let status = status_line(shared);
-    send(&[NotifyState::Ready, NotifyState::Status(&status)]);
+/// STATUS alone (a state change that is not readiness).
+pub fn status(status: &str) {
+    send(&[NotifyState::Status(status)]);
 }
 
 pub fn reloading() {
@@ -39,15 +35,13 @@ pub fn reload_failed(cause: &str) {
     send(&[NotifyState::Ready, NotifyState::Status(&status)]);
 }
 
-pub fn stopping(shared: &Shared) {
-    let (_, tunnels) = shared.counts();
-    let status = format!("draining {tunnels} tunnels");
-    send(&[NotifyState::Stopping, NotifyState::Status(&status)]);
+pub fn stopping(status: &str) {
+    send(&[NotifyState::Stopping, NotifyState::Status(status)]);
 }
 
-/// Pings the watchdog at half its interval and refreshes STATUS, from a task on the runtime:
-/// if the runtime hangs, the pings stop and systemd restarts us.
-pub fn spawn_heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
+/// Pings the watchdog at half its interval and refreshes STATUS (`status_line`), from a task
+/// on the runtime: if the runtime hangs, the pings stop and systemd restarts us.
+pub fn spawn_heartbeat(status_line: impl Fn() -> String + Send + 'static, stop: CancellationToken) {
     let watchdog = sd_notify::watchdog_enabled();
     let period = watchdog
         .map(|d| d / 2)
@@ -61,7 +55,7 @@ pub fn spawn_heartbeat(shared: Arc<Shared>, stop: CancellationToken) {
                 _ = stop.cancelled() => break,
                 _ = ticks.tick() => {}
             }
-            let status = status_line(&shared);
+            let status = status_line();
             if watchdog.is_some() {
                 send(&[NotifyState::Watchdog, NotifyState::Status(&status)]);
             } else if std::env::var_os("NOTIFY_SOCKET").is_some() {

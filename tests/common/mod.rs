@@ -706,4 +706,14 @@ impl Tunnel {
     pub fn close_send(&mut self) {
         self.tx = None;
     }
+
+    /// Sends unless the stream is gone; whether it was sent.
+    pub async fn try_send(&self, packet: Packet) -> bool {
+        match &self.tx {
+            Some(tx) => within("the frontend to send", tx.send(packet))
+                .await
+                .is_ok(),
+            None => false,
+        }
+    }
 }

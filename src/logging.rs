@@ -25,8 +25,8 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::LogFormat;
 
-/// Our crate's targets (the library and the binary share the name).
-const CRATE: &str = "konnectivity_server";
+/// Our targets: the library (`konnectivity_server`) and both binaries (`konnectivity_server`, `konnectivity_agent`).
+const CRATE: &str = "konnectivity_";
 
 /// `-v`.
 static VERBOSITY: AtomicI64 = AtomicI64::new(4);
@@ -402,7 +402,7 @@ where
         .with(klog_layer(make_writer))
 }
 
-/// klog's file output: `--log-file`, or `<--log-dir>/konnectivity-server.log`, used when
+/// klog's file output: `--log-file`, or `<--log-dir>/<program>.log`, used when
 /// `--logtostderr=false` (klog ignores both otherwise). The file restarts empty once it
 /// reaches `--log-file-max-size` MB (0: unlimited), so it cannot fill the disk.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -415,6 +415,7 @@ pub struct FileSink {
 
 impl FileSink {
     pub fn from_klog(
+        program: &str,
         logtostderr: bool,
         log_file: &str,
         log_dir: &str,
@@ -427,7 +428,7 @@ impl FileSink {
         let path = if !log_file.is_empty() {
             std::path::PathBuf::from(log_file)
         } else if !log_dir.is_empty() {
-            std::path::Path::new(log_dir).join("konnectivity-server.log")
+            std::path::Path::new(log_dir).join(format!("{program}.log"))
         } else {
             return None;
         };
@@ -548,7 +549,13 @@ fn run_by_systemd() -> bool {
 }
 
 /// Installs the global subscriber. Returns where logs go.
-pub fn init(verbosity: u32, vmodule: &str, format: LogFormat, file: Option<FileSink>) -> String {
+pub fn init(
+    program: &'static str,
+    verbosity: u32,
+    vmodule: &str,
+    format: LogFormat,
+    file: Option<FileSink>,
+) -> String {
     set_verbosity(verbosity, vmodule);
     let env = EnvFilter::try_from_default_env().ok();
     let klog = env.is_none().then_some(KlogFilter);
@@ -565,7 +572,7 @@ pub fn init(verbosity: u32, vmodule: &str, format: LogFormat, file: Option<FileS
         .map(|layer| {
             layer
                 .with_field_prefix(None)
-                .with_syslog_identifier("konnectivity-server".into())
+                .with_syslog_identifier(program.into())
         });
     let to_journal = journald.is_some();
     let mut file_error = None;
@@ -605,17 +612,21 @@ mod tests {
     #[test]
     fn klog_file_flags_pick_the_sink() {
         assert_eq!(
-            FileSink::from_klog(true, "/x.log", "", 1, false),
+            FileSink::from_klog("konnectivity-server", true, "/x.log", "", 1, false),
             None,
             "logtostderr wins, as klog"
         );
-        let sink = FileSink::from_klog(false, "", "/var/log/k", 2, true).unwrap();
+        let sink =
+            FileSink::from_klog("konnectivity-server", false, "", "/var/log/k", 2, true).unwrap();
         assert_eq!(
             sink.path,
             std::path::Path::new("/var/log/k/konnectivity-server.log")
         );
         assert_eq!(sink.max_bytes, 2 << 20);
-        assert_eq!(FileSink::from_klog(false, "", "", 1, false), None);
+        assert_eq!(
+            FileSink::from_klog("konnectivity-server", false, "", "", 1, false),
+            None
+        );
     }
 
     #[test]

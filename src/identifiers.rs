@@ -1,4 +1,5 @@
 //! The `agentidentifiers` metadata: a URL query naming the hosts and addresses an agent serves.
+//! The agent checks its `--agent-identifiers` with the same syntax the server parses.
 
 /// What an agent declares it can reach.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -16,7 +17,7 @@ fn go_parse_bool(value: &str) -> bool {
 }
 
 /// Rejects what Go's `url.ParseQuery` rejects: semicolons and malformed percent escapes.
-fn check_query_syntax(query: &str) -> Result<(), String> {
+pub fn check_query_syntax(query: &str) -> Result<(), String> {
     if query.contains(';') {
         return Err("invalid semicolon separator in query".into());
     }
@@ -33,6 +34,20 @@ fn check_query_syntax(query: &str) -> Result<(), String> {
             i += 3;
         } else {
             i += 1;
+        }
+    }
+    Ok(())
+}
+
+/// The keys an agent may declare, as upstream's agent validates them.
+pub const KEYS: &[&str] = &["ipv4", "ipv6", "cidr", "host", "default-route"];
+
+/// The agent's check of its own `--agent-identifiers`: Go's query syntax, known keys only.
+pub fn validate(query: &str) -> Result<(), String> {
+    check_query_syntax(query)?;
+    for (key, _) in form_urlencoded::parse(query.as_bytes()) {
+        if !KEYS.contains(&key.as_ref()) {
+            return Err(format!("unknown address type: {key}"));
         }
     }
     Ok(())

@@ -1,0 +1,250 @@
+//! One tunnel at the agent: the TCP connection to its destination, the queue toward it, and
+//! the task that moves bytes both ways and, however the tunnel ends, closes it once.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::QueueClose;
+use super::queue::EndpointQueue;
+use super::stream::ServerStream;
+use crate::wire;
+
+/// Each read from a destination takes at most this much (upstream reads 4 KiB; a larger
+/// read means fewer packets, so less work per byte, at no cost to an idle tunnel, which
+/// holds no buffer).
+const READ_BYTES: usize = 32 * 1024;
+
+/// Why a tunnel ended.
+#[derive(Debug)]
+pub enum End {
+    /// The server asked (CLOSE_REQ).
+    Requested,
+    /// The destination closed its side.
+    RemoteEof,
+    ReadFailed(std::io::Error),
+    WriteFailed(std::io::Error),
+    /// The destination did not keep up.
+    Refused(QueueClose),
+    /// The server stream is gone: nothing can be told.
+    StreamGone,
+}
+
+impl End {
+    fn reason(&self) -> String {
+        match self {
+            End::Requested => "closed by the server".into(),
+            End::RemoteEof => "destination closed".into(),
+            End::ReadFailed(e) => format!("read from destination failed: {e}"),
+            End::WriteFailed(e) => format!("write to destination failed: {e}"),
+            End::Refused(why) => format!("destination did not keep up ({})", why.label()),
+            End::StreamGone => "server stream ended".into(),
+        }
+    }
+
+    /// The CLOSE_RSP error the server (and so its frontend) is given.
+    fn wire_error(&self) -> &'static str {
+        match self {
+            End::Refused(QueueClose::Overflow) => wire::ENDPOINT_QUEUE_OVERFLOW,
+            End::Refused(QueueClose::Stall) => wire::ENDPOINT_WRITE_STALLED,
+            End::Refused(QueueClose::Budget) => wire::ENDPOINT_QUEUE_BUDGET,
+            _ => "",
+        }
+    }
+}
+
+pub struct Endpoint {
+    pub connect_id: i64,
+    pub dial_id: i64,
+    pub address: String,
+    pub queue: EndpointQueue,
+    started: Instant,
+    /// Cancelled to end the tunnel from outside its task (CLOSE_REQ, a refused delivery).
+    cancel: CancellationToken,
+    /// Why, when cancelled from outside.
+    cause: Mutex<Option<End>>,
+    finished: AtomicBool,
+    bytes_to_destination: AtomicU64,
+    bytes_from_destination: AtomicU64,
+}
+
+impl Endpoint {
+    pub fn new(
+        connect_id: i64,
+        dial_id: i64,
+        address: String,
+        queue: EndpointQueue,
+        cancel: CancellationToken,
+    ) -> Endpoint {
+        Endpoint {
+            connect_id,
+            dial_id,
+            address,
+            queue,
+            started: Instant::now(),
+            cancel,
+            cause: Mutex::new(None),
+            finished: AtomicBool::new(false),
+            bytes_to_destination: AtomicU64::new(0),
+            bytes_from_destination: AtomicU64::new(0),
+        }
+    }
+
+    /// Ends the tunnel from outside its task; the first cause given wins.
+    pub fn end(&self, cause: End) {
+        let mut slot = self.cause.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(cause);
+        drop(slot);
+        self.queue.close();
+        self.cancel.cancel();
+    }
+
+    pub fn counted_to_destination(&self, bytes: usize) {
+        self.bytes_to_destination
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    fn outside_cause(&self) -> End {
+        self.cause
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or(End::StreamGone)
+    }
+
+    /// Moves bytes both ways until the tunnel ends, then closes it.
+    pub async fn run(self: Arc<Self>, tcp: TcpStream, stream: Arc<ServerStream>) {
+        let (read, mut write) = tcp.into_split();
+        let stall = self.queue_stall(&stream);
+        let writer = async {
+            loop {
+                let Some(chunk) = self.queue.next().await else {
+                    // Closed from outside: CLOSE_REQ, or a refused delivery.
+                    return self.outside_cause();
+                };
+                tracing::info!(
+                    v = 4,
+                    connectionID = self.connect_id,
+                    dataSize = chunk.len(),
+                    "write to remote"
+                );
+                match tokio::time::timeout(stall, write.write_all(&chunk)).await {
+                    Err(_) => return End::Refused(QueueClose::Stall),
+                    Ok(Err(e)) => return End::WriteFailed(e),
+                    Ok(Ok(())) => {}
+                }
+            }
+        };
+        let reader = async {
+            loop {
+                if let Err(e) = read.readable().await {
+                    return End::ReadFailed(e);
+                }
+                let mut buf = BytesMut::with_capacity(READ_BYTES);
+                match read.try_read_buf(&mut buf) {
+                    Ok(0) => return End::RemoteEof,
+                    Ok(n) => {
+                        self.bytes_from_destination
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                        tracing::debug!(
+                            bytes = n,
+                            connectionID = self.connect_id,
+                            "received data from remote"
+                        );
+                        // A small read is copied out so the large buffer is not held while
+                        // the packet waits to be sent.
+                        let data = if n < READ_BYTES / 4 {
+                            bytes::Bytes::copy_from_slice(&buf)
+                        } else {
+                            buf.freeze()
+                        };
+                        if !stream.send(wire::data(self.connect_id, data)).await {
+                            return End::StreamGone;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => return End::ReadFailed(e),
+                }
+            }
+        };
+        let end = tokio::select! {
+            end = writer => end,
+            end = reader => end,
+            _ = self.cancel.cancelled() => self.outside_cause(),
+        };
+        self.finish(&stream, end).await;
+    }
+
+    fn queue_stall(&self, stream: &ServerStream) -> std::time::Duration {
+        stream.queue_limits().stall
+    }
+
+    /// Closes the tunnel once: out of its stream's table, its queue emptied, CLOSE_RSP sent.
+    pub async fn finish(&self, stream: &ServerStream, end: End) {
+        if self.finished.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        stream.remove(self.connect_id);
+        self.queue.close();
+        match &end {
+            End::RemoteEof => {
+                tracing::info!(
+                    v = 2,
+                    connectionID = self.connect_id,
+                    "remote connection EOF"
+                )
+            }
+            End::ReadFailed(e) => {
+                tracing::error!(error = %e, connectionID = self.connect_id, "connection read failure")
+            }
+            End::WriteFailed(e) => {
+                tracing::error!(error = %e, connectionID = self.connect_id, "conn write failure")
+            }
+            End::Refused(why) => {
+                stream.metrics().queue_closed(*why);
+                tracing::warn!(
+                    connectionID = self.connect_id,
+                    dialAddress = %self.address,
+                    queuedBytes = self.queue.queued(),
+                    reason = why.label(),
+                    "closing a tunnel whose destination does not keep up"
+                );
+            }
+            End::Requested | End::StreamGone => {}
+        }
+        if !matches!(end, End::StreamGone)
+            && !stream
+                .send(wire::close_response(self.connect_id, end.wire_error()))
+                .await
+        {
+            tracing::debug!(
+                connectionID = self.connect_id,
+                dialID = self.dial_id,
+                "close response failure"
+            );
+        }
+        tracing::info!(
+            v = 4,
+            dialID = self.dial_id,
+            connectionID = self.connect_id,
+            dialAddress = %self.address,
+            "close connection"
+        );
+        tracing::info!(
+            v = 2,
+            serverID = %stream.server_id,
+            dialAddress = %self.address,
+            connectionID = self.connect_id,
+            bytesToDestination = self.bytes_to_destination.load(Ordering::Relaxed),
+            bytesFromDestination = self.bytes_from_destination.load(Ordering::Relaxed),
+            duration = %crate::gofmt::GoDuration(self.started.elapsed()),
+            reason = %end.reason(),
+            "Tunnel closed"
+        );
+    }
+}

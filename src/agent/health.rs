@@ -1,0 +1,160 @@
+//! The agent's health port (`/healthz`, `/readyz`, `/ready`, `/metrics`) and admin port
+//! (`/metrics` redirects to the health port, as upstream; pprof with --enable-profiling).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+
+use super::clientset::ClientSet;
+use crate::admin::{accepts_gzip, exposition, profiling, redirect, text};
+
+/// Upstream's body when no server is connected.
+pub const NOT_READY_BODY: &str = "[+]ping ok\n[-]server-connected failed: no servers connected\n";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Port {
+    Health,
+    Admin,
+}
+
+fn readiness(servers: &ClientSet, verbose: bool) -> Response<Full<Bytes>> {
+    if servers.connected() > 0 {
+        if verbose {
+            text(
+                StatusCode::OK,
+                "[+]ping ok\n[+]server-connected ok\ncheck passed\n",
+            )
+        } else {
+            text(StatusCode::OK, "ok")
+        }
+    } else {
+        tracing::info!("server-connected check failed: no servers connected");
+        text(StatusCode::SERVICE_UNAVAILABLE, NOT_READY_BODY)
+    }
+}
+
+const PPROF_INDEX: &str = "konnectivity-agent profiles\n\
+    /debug/pprof/profile?seconds=N  CPU profile (pprof protobuf; `go tool pprof URL`)\n\
+    /debug/pprof/heap               allocator heap summary (text)\n";
+
+async fn route(
+    port: Port,
+    servers: &ClientSet,
+    request: &Request<Incoming>,
+    health_port: u16,
+) -> Response<Full<Bytes>> {
+    let path = request.uri().path();
+    let query = request.uri().query();
+    let profiling_on = port == Port::Admin && servers.state().snapshot().config.enable_profiling;
+    match (port, path) {
+        (Port::Health, "/healthz") => text(StatusCode::OK, "ok"),
+        (Port::Health, "/readyz" | "/ready") => readiness(
+            servers,
+            query.is_some_and(|q| q.split('&').any(|p| p.split('=').next() == Some("verbose"))),
+        ),
+        (Port::Health, "/metrics") => {
+            let gzip = request
+                .headers()
+                .get_all(http::header::ACCEPT_ENCODING)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .any(accepts_gzip);
+            exposition(servers.state().metrics.render(), gzip)
+        }
+        (Port::Admin, "/metrics") => {
+            let host = request
+                .headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or_default();
+            let host = match host.rsplit_once(':') {
+                Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+                _ => host,
+            };
+            let query = query.map(|q| format!("?{q}")).unwrap_or_default();
+            redirect(&format!("//{host}:{health_port}/metrics{query}"))
+        }
+        (Port::Admin, "/debug/pprof") if profiling_on => redirect("/debug/pprof/"),
+        (Port::Admin, "/debug/pprof/") if profiling_on => text(StatusCode::OK, PPROF_INDEX),
+        (Port::Admin, "/debug/pprof/heap") if profiling_on => {
+            text(StatusCode::OK, profiling::heap_summary())
+        }
+        (Port::Admin, "/debug/pprof/profile") if profiling_on => {
+            let seconds = profiling::profile_seconds(query);
+            match tokio::task::spawn_blocking(move || profiling::cpu_profile(seconds)).await {
+                Ok(Ok(profile)) => Response::builder()
+                    .status(StatusCode::OK)
+                    .header("content-type", "application/octet-stream")
+                    .body(Full::new(Bytes::from(profile)))
+                    .expect("static response parts are valid"),
+                Ok(Err(e)) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
+    }
+}
+
+/// Serves `port` on `listener` until the agent stops.
+pub fn spawn(
+    tasks: &TaskTracker,
+    listener: TcpListener,
+    port: Port,
+    servers: Arc<ClientSet>,
+    health_port: u16,
+) {
+    let stop = servers.state().stop.clone();
+    let connections = TaskTracker::new();
+    tasks.spawn(async move {
+        let mut failures_logged = false;
+        loop {
+            let (stream, _) = tokio::select! {
+                _ = stop.cancelled() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(conn) => {
+                        failures_logged = false;
+                        conn
+                    }
+                    Err(e) => {
+                        // One line per episode (EMFILE comes in storms), then a pause.
+                        if !failures_logged {
+                            tracing::warn!(error = %e, ?port, "accept failed");
+                            failures_logged = true;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+            };
+            let servers = servers.clone();
+            let stop = stop.clone();
+            connections.spawn(async move {
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let servers = servers.clone();
+                    async move {
+                        Ok::<_, Infallible>(route(port, &servers, &request, health_port).await)
+                    }
+                });
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .header_read_timeout(std::time::Duration::from_secs(60))
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .serve_connection(TokioIo::new(stream), service);
+                tokio::pin!(conn);
+                tokio::select! {
+                    _ = conn.as_mut() => {}
+                    _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
+                }
+            });
+        }
+        connections.close();
+        connections.wait().await;
+    });
+}

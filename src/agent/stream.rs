@@ -1,0 +1,344 @@
+//! One stream to one server: its receive loop, which dispatches every packet the server
+//! sends and never waits on a destination that stopped reading; its table of tunnels; and
+//! the dials it runs for the server.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+
+use super::config::QueueLimits;
+use super::dialer;
+use super::endpoint::{End, Endpoint};
+use super::metrics::{AgentMetrics, DialFailureReason};
+use super::queue::{Delivery, EndpointQueue};
+use super::state::AgentState;
+use crate::proto::packet::Payload;
+use crate::proto::{Data, DialRequest, Packet, PacketType};
+use crate::wire;
+
+/// How a stream ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The server ended the RPC (EOF).
+    Eof,
+    /// Receiving failed.
+    Failed,
+    /// We stopped it.
+    Stopped,
+}
+
+pub struct ServerStream {
+    pub server_id: String,
+    state: Arc<AgentState>,
+    outbound: mpsc::Sender<Packet>,
+    tunnels: Mutex<HashMap<i64, Arc<Endpoint>>>,
+    /// Connection ids, per stream, from 1, taken when a DIAL_REQ arrives (as upstream).
+    next_id: AtomicI64,
+    /// Ends this stream and every tunnel on it.
+    pub cancel: CancellationToken,
+    drained: AtomicBool,
+}
+
+impl ServerStream {
+    pub fn new(
+        server_id: String,
+        state: Arc<AgentState>,
+        outbound: mpsc::Sender<Packet>,
+    ) -> Arc<ServerStream> {
+        let cancel = state.stop.child_token();
+        Arc::new(ServerStream {
+            server_id,
+            state,
+            outbound,
+            tunnels: Mutex::new(HashMap::new()),
+            next_id: AtomicI64::new(1),
+            cancel,
+            drained: AtomicBool::new(false),
+        })
+    }
+
+    fn tunnels(&self) -> MutexGuard<'_, HashMap<i64, Arc<Endpoint>>> {
+        // Single inserts and removes: a poisoned lock is still consistent.
+        self.tunnels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn tunnel_count(&self) -> usize {
+        self.tunnels().len()
+    }
+
+    pub fn metrics(&self) -> &AgentMetrics {
+        &self.state.metrics
+    }
+
+    pub fn queue_limits(&self) -> QueueLimits {
+        self.state.snapshot().config.queue
+    }
+
+    /// Sends a packet toward the server, waiting for room; false once the stream is gone.
+    pub async fn send(&self, packet: Packet) -> bool {
+        self.state.metrics.packet("from_agent", packet.r#type);
+        tokio::select! {
+            biased;
+            sent = self.outbound.send(packet) => sent.is_ok(),
+            _ = self.cancel.cancelled() => false,
+        }
+    }
+
+    /// A reply the receive loop sends without waiting: when the stream toward the server is
+    /// full, the reply is dropped (and counted) rather than stopping the loop.
+    fn reply(&self, packet: Packet) {
+        self.state.metrics.packet("from_agent", packet.r#type);
+        if self.outbound.try_send(packet).is_err() {
+            self.violation(
+                "reply_dropped",
+                "dropped a reply: the stream toward the server is full",
+            );
+        }
+    }
+
+    /// Removes a tunnel from the table, once.
+    pub fn remove(&self, connect_id: i64) {
+        if self.tunnels().remove(&connect_id).is_some() {
+            self.state.metrics.endpoint_closed();
+        }
+    }
+
+    /// Sends DRAIN once: the server stops picking this agent for new dials.
+    pub fn drain(self: &Arc<Self>) {
+        if self.drained.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let stream = self.clone();
+        self.state.tunnels.spawn(async move {
+            tracing::info!(v = 2, serverID = %stream.server_id, agentID = %stream.state.agent_id, "drain agent client");
+            if !stream.send(wire::drain()).await {
+                tracing::error!(serverID = %stream.server_id, agentID = %stream.state.agent_id, "drain failure");
+            }
+        });
+    }
+
+    fn violation(&self, kind: &'static str, message: &'static str) {
+        if let Some(unlogged) = self.state.metrics.peer_violation(kind) {
+            tracing::warn!(serverID = %self.server_id, kind, unlogged, "{message}");
+        }
+    }
+
+    /// Runs the receive loop until the server ends the stream, it fails, or we stop.
+    pub async fn serve(self: Arc<Self>, mut inbound: Streaming<Packet>) -> StreamEnd {
+        let agent_id = self.state.agent_id.clone();
+        tracing::info!(v = 2, serverID = %self.server_id, agentID = %agent_id, "Start serving");
+        let end = loop {
+            let message = tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => break StreamEnd::Stopped,
+                message = inbound.message() => message,
+            };
+            match message {
+                Ok(Some(packet)) => {
+                    self.state.metrics.packet("to_agent", packet.r#type);
+                    self.handle(packet).await;
+                }
+                Ok(None) => {
+                    tracing::info!(v = 2, serverID = %self.server_id, agentID = %agent_id, "received EOF, exit");
+                    break StreamEnd::Eof;
+                }
+                Err(status) => {
+                    self.state
+                        .metrics
+                        .stream_error("to_agent", &status, "Unknown");
+                    if self.state.stop.is_cancelled() {
+                        tracing::debug!(serverID = %self.server_id, agentID = %agent_id, "could not read stream because agent client is shutting down");
+                    } else if status.code() == tonic::Code::Cancelled {
+                        tracing::info!(v = 2, serverID = %self.server_id, agentID = %agent_id, "stream canceled");
+                    } else {
+                        tracing::error!(serverID = %self.server_id, agentID = %agent_id, error = %status, "could not read stream");
+                    }
+                    break StreamEnd::Failed;
+                }
+            }
+        };
+        tracing::info!(v = 2, serverID = %self.server_id, "cleanup all of conn contexts when client exits");
+        // Every tunnel's token is a child of this one: they all end, and leave the table.
+        self.cancel.cancel();
+        end
+    }
+
+    async fn handle(self: &Arc<Self>, packet: Packet) {
+        let kind = PacketType::try_from(packet.r#type);
+        match (kind, packet.payload) {
+            (Ok(PacketType::DialReq), Some(Payload::DialRequest(request))) => self.dial(request),
+            (Ok(PacketType::Data), Some(Payload::Data(data))) => self.data(data).await,
+            (Ok(PacketType::CloseReq), Some(Payload::CloseRequest(close))) => {
+                self.close_request(close.connect_id)
+            }
+            // The server sends DIAL_CLS when a frontend leaves mid-dial. As upstream, the
+            // dial finishes; the server answers its DIAL_RSP with CLOSE_REQ.
+            (
+                Ok(
+                    PacketType::DialCls
+                    | PacketType::DialRsp
+                    | PacketType::CloseRsp
+                    | PacketType::Drain,
+                ),
+                _,
+            ) => {
+                tracing::debug!(serverID = %self.server_id, packetType = wire::packet_type_name(packet.r#type), "unrecognized packet");
+            }
+            (Ok(_), _) => self.violation(
+                "payload_mismatch",
+                "a packet from the server whose payload does not match its type; ignoring it",
+            ),
+            (Err(_), _) => self.violation(
+                "unknown_packet_type",
+                "a packet of unknown type from the server; ignoring it",
+            ),
+        }
+    }
+
+    fn dial(self: &Arc<Self>, request: DialRequest) {
+        let connect_id = self.next_id.fetch_add(1, Ordering::AcqRel);
+        tracing::info!(
+            v = 3,
+            serverID = %self.server_id,
+            agentID = %self.state.agent_id,
+            dialID = request.random,
+            dialAddress = %request.address,
+            "Received DIAL_REQ"
+        );
+        let Ok(permit) = self.state.dials.clone().try_acquire_owned() else {
+            self.violation(
+                "too_many_dials",
+                "refusing a dial: too many dials in progress",
+            );
+            self.reply(wire::dial_response_error(
+                request.random,
+                wire::TOO_MANY_DIALS,
+            ));
+            return;
+        };
+        let stream = self.clone();
+        self.state.tunnels.spawn(async move {
+            stream.run_dial(connect_id, request, permit).await;
+        });
+    }
+
+    async fn run_dial(
+        self: Arc<Self>,
+        connect_id: i64,
+        request: DialRequest,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let snapshot = self.state.snapshot();
+        let started = Instant::now();
+        let dialed = tokio::select! {
+            dialed = dialer::dial(&request.protocol, &request.address, snapshot.config.dial_timeout) => dialed,
+            _ = self.cancel.cancelled() => return,
+        };
+        drop(permit);
+        let tcp = match dialed {
+            Ok(tcp) => tcp,
+            Err(e) => {
+                self.state.metrics.dial_failed(if e.timeout {
+                    DialFailureReason::Timeout
+                } else {
+                    DialFailureReason::Unknown
+                });
+                tracing::info!(
+                    v = 1,
+                    error = %e.text,
+                    dialID = request.random,
+                    connectionID = connect_id,
+                    dialAddress = %request.address,
+                    "error dialing backend"
+                );
+                if !self
+                    .send(wire::dial_response_error(request.random, &e.text))
+                    .await
+                {
+                    tracing::error!(dialID = request.random, connectionID = connect_id, dialAddress = %request.address, "could not send DIAL_RSP with error");
+                }
+                return;
+            }
+        };
+        self.state
+            .metrics
+            .dial_succeeded(started.elapsed().as_secs_f64());
+        tracing::info!(
+            v = 3,
+            dialID = request.random,
+            connectionID = connect_id,
+            dialAddress = %request.address,
+            "Endpoint connection established"
+        );
+        let endpoint = Arc::new(Endpoint::new(
+            connect_id,
+            request.random,
+            request.address,
+            EndpointQueue::new(snapshot.config.queue, self.state.budget.clone()),
+            self.cancel.child_token(),
+        ));
+        // In the table before the DIAL_RSP goes out, so DATA right after it is recognised.
+        self.tunnels().insert(connect_id, endpoint.clone());
+        self.state.metrics.endpoint_opened();
+        if !self
+            .send(wire::dial_response(request.random, connect_id, ""))
+            .await
+        {
+            tracing::error!(dialID = request.random, connectionID = connect_id, dialAddress = %endpoint.address, "could not send DIAL_RSP");
+            endpoint.finish(&self, End::StreamGone).await;
+            return;
+        }
+        endpoint.run(tcp, self).await;
+    }
+
+    async fn data(&self, data: Data) {
+        let connect_id = data.connect_id;
+        if connect_id == 0 {
+            self.violation(
+                "data_without_connect_id",
+                "Received packet missing ConnectID from frontend",
+            );
+            return;
+        }
+        tracing::info!(v = 4, connectionID = connect_id, "received DATA");
+        let endpoint = self.tunnels().get(&connect_id).cloned();
+        let Some(endpoint) = endpoint else {
+            self.violation(
+                "data_unknown_connection",
+                "received DATA for unrecognized connection",
+            );
+            self.reply(wire::close_response(
+                connect_id,
+                wire::UNRECOGNIZED_CONNECT_ID,
+            ));
+            return;
+        };
+        let len = data.data.len();
+        match endpoint.queue.deliver(data.data).await {
+            Delivery::Queued => endpoint.counted_to_destination(len),
+            Delivery::Closed => {}
+            Delivery::Refused(why) => endpoint.end(End::Refused(why)),
+        }
+    }
+
+    fn close_request(&self, connect_id: i64) {
+        tracing::info!(v = 4, connectionID = connect_id, "received CLOSE_REQ");
+        let endpoint = self.tunnels().get(&connect_id).cloned();
+        match endpoint {
+            Some(endpoint) => endpoint.end(End::Requested),
+            None => {
+                tracing::info!(
+                    v = 4,
+                    connectionID = connect_id,
+                    "Failed to find connection context for close"
+                );
+                self.reply(wire::close_response(connect_id, wire::UNKNOWN_CONNECT_ID));
+            }
+        }
+    }
+}

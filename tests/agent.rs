@@ -1,0 +1,298 @@
+//! The agent in-process, against our server in-process: real sockets, real TLS, real
+//! destinations. The upstream server and agents run against it in tests/interop.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+mod common;
+
+use std::time::Duration;
+
+use clap::Parser;
+use common::*;
+use konnectivity_server::agent::{
+    self, AgentConfig, AgentListeners, AgentOptions, RunningAgent, Snapshot,
+};
+use konnectivity_server::proto::packet::Payload;
+use konnectivity_server::proto::Packet;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Starts our agent against `h`'s agent port; `extra` are more flags.
+async fn start_agent(h: &Harness, id: &str, extra: &[&str]) -> RunningAgent {
+    let mut args = vec![
+        "konnectivity-agent".to_string(),
+        format!("--ca-cert={}", h.pki.ca_cert.display()),
+        format!("--agent-cert={}", h.pki.agent_cert.display()),
+        format!("--agent-key={}", h.pki.agent_key.display()),
+        "--proxy-server-host=127.0.0.1".into(),
+        format!("--proxy-server-port={}", h.agent_addr.port()),
+        format!("--agent-id={id}"),
+        "--sync-interval=100ms".into(),
+        "--sync-interval-cap=1s".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let options = AgentOptions::try_parse_from(&args).expect("agent flags parse");
+    let config = AgentConfig::from_options(&options).expect("agent flags validate");
+    let snapshot = Snapshot::build(config).expect("agent TLS loads");
+    let bind = || TcpListener::bind("127.0.0.1:0");
+    let listeners = AgentListeners {
+        health: bind().await.unwrap(),
+        admin: bind().await.unwrap(),
+    };
+    let running = agent::spawn(snapshot, listeners);
+    eventually(
+        "the agent to connect",
+        || running.connected_servers() == 1,
+        || format!("{} servers", running.connected_servers()),
+    )
+    .await;
+    h.wait_agents(1).await;
+    running
+}
+
+/// A destination that echoes every byte back.
+async fn echo_server() -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if conn.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A destination that accepts and never reads, with a small receive buffer.
+async fn sink_that_never_reads() -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::Receiver<tokio::net::TcpStream>,
+) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    let listener = socket.listen(16).unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            // Held, never read.
+            if tx.send(conn).await.is_err() {
+                return;
+            }
+        }
+    });
+    (addr, rx)
+}
+
+fn dial_rsp_of(packet: &Packet) -> (i64, i64, String) {
+    match &packet.payload {
+        Some(Payload::DialResponse(r)) => (r.random, r.connect_id, r.error.clone()),
+        other => panic!("expected DIAL_RSP, got {other:?}"),
+    }
+}
+
+/// Dials `address` through the server and the agent; returns the tunnel and its connect id.
+async fn dial(frontend: &Frontend, address: &str, random: i64) -> (Tunnel, i64) {
+    let mut tunnel = frontend.open().await;
+    tunnel.send(dial_req(address, random)).await;
+    let (got_random, connect_id, error) = dial_rsp_of(&tunnel.recv().await);
+    assert_eq!(got_random, random);
+    assert_eq!(error, "", "the dial to {address} succeeds");
+    assert!(connect_id > 0);
+    (tunnel, connect_id)
+}
+
+async fn echo_once(tunnel: &mut Tunnel, connect_id: i64, payload: &[u8]) {
+    tunnel.send(data(connect_id, payload.to_vec())).await;
+    let mut got = Vec::new();
+    while got.len() < payload.len() {
+        match tunnel.recv().await.payload {
+            Some(Payload::Data(d)) => got.extend_from_slice(&d.data),
+            other => panic!("expected DATA, got {other:?}"),
+        }
+    }
+    assert_eq!(got, payload);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_through_our_agent_carries_data_and_closes_cleanly() {
+    let h = Harness::start().await;
+    let agent = start_agent(&h, "rust-agent", &[]).await;
+    let echo = echo_server().await;
+    let frontend = h.frontend().await;
+    let (mut tunnel, connect_id) = dial(&frontend, &echo.to_string(), 11).await;
+    assert_eq!(
+        connect_id, 1,
+        "connection ids start at 1 per stream, as upstream"
+    );
+    for size in [1usize, 1000, 100_000] {
+        let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        echo_once(&mut tunnel, connect_id, &payload).await;
+    }
+    assert_eq!(agent.tunnels(), 1);
+    tunnel.send(close_req(connect_id)).await;
+    let packet = tunnel.recv().await;
+    assert!(
+        matches!(&packet.payload, Some(Payload::CloseResponse(c)) if c.connect_id == connect_id && c.error.is_empty()),
+        "{packet:?}"
+    );
+    h.wait_gauges((0, 0)).await;
+    eventually(
+        "the agent's tunnel table to empty",
+        || agent.tunnels() == 0 && agent.metrics().open_endpoints() == 0,
+        || {
+            format!(
+                "{} tunnels, gauge {}",
+                agent.tunnels(),
+                agent.metrics().open_endpoints()
+            )
+        },
+    )
+    .await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_dial_answers_with_gos_error_text_and_counts_it() {
+    let h = Harness::start().await;
+    let agent = start_agent(&h, "rust-agent", &[]).await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let frontend = h.frontend().await;
+    let mut tunnel = frontend.open().await;
+    tunnel.send(dial_req(&closed.to_string(), 5)).await;
+    let (random, connect_id, error) = dial_rsp_of(&tunnel.recv().await);
+    assert_eq!((random, connect_id), (5, 0));
+    assert_eq!(
+        error,
+        format!("dial tcp {closed}: connect: connection refused")
+    );
+    assert_eq!(agent.metrics().dial_failures("unknown"), 1);
+    assert_eq!(agent.metrics().dial_failures("timeout"), 0);
+    h.wait_gauges((0, 0)).await;
+    agent.stop().await;
+}
+
+/// Upstream's worst bug: one destination that stops reading stops every tunnel on the agent.
+/// Here it is closed alone, and its neighbour never notices.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_that_never_reads_is_closed_alone() {
+    let h = Harness::start().await;
+    let agent = start_agent(&h, "rust-agent", &["--endpoint-queue-limit-bytes=262144"]).await;
+    let echo = echo_server().await;
+    let (sink, _held) = sink_that_never_reads().await;
+    let frontend = h.frontend().await;
+    let (mut neighbour, neighbour_id) = dial(&frontend, &echo.to_string(), 1).await;
+    let (mut stalled, stalled_id) = dial(&frontend, &sink.to_string(), 2).await;
+    // Far more than the kernel's buffers and the queue's hard limit (1 MiB) together.
+    let chunk = vec![7u8; 32 * 1024];
+    let mut closed_with = None;
+    for i in 0..512 {
+        if !stalled.try_send(data(stalled_id, chunk.clone())).await {
+            break;
+        }
+        // The neighbour's echo goes through the same agent stream all along.
+        if i % 16 == 0 {
+            echo_once(&mut neighbour, neighbour_id, b"ping").await;
+        }
+        if let Ok(packet) = tokio::time::timeout(Duration::from_millis(1), stalled.recv()).await {
+            closed_with = Some(packet);
+            break;
+        }
+    }
+    let packet = match closed_with {
+        Some(packet) => packet,
+        None => stalled.recv().await,
+    };
+    match &packet.payload {
+        Some(Payload::CloseResponse(c)) => {
+            assert_eq!(c.connect_id, stalled_id);
+            assert_eq!(c.error, wire::ENDPOINT_QUEUE_OVERFLOW);
+        }
+        other => panic!("expected CLOSE_RSP, got {other:?}"),
+    }
+    assert_eq!(
+        agent
+            .metrics()
+            .queue_closes(agent::metrics::QueueClose::Overflow),
+        1
+    );
+    // The neighbour carries on, and a fresh dial works.
+    echo_once(&mut neighbour, neighbour_id, b"still here").await;
+    let (mut fresh, fresh_id) = dial(&frontend, &echo.to_string(), 3).await;
+    echo_once(&mut fresh, fresh_id, b"fresh").await;
+    eventually(
+        "the closed tunnel's queued bytes to be returned",
+        || agent.queued_bytes() == 0,
+        || format!("{} bytes queued", agent.queued_bytes()),
+    )
+    .await;
+    drop((neighbour, fresh, stalled));
+    h.wait_gauges((0, 0)).await;
+    eventually(
+        "every agent gauge back to 0",
+        || {
+            agent.tunnels() == 0
+                && agent.metrics().open_endpoints() == 0
+                && agent.queued_bytes() == 0
+        },
+        || {
+            format!(
+                "{} tunnels, {} queued",
+                agent.tunnels(),
+                agent.queued_bytes()
+            )
+        },
+    )
+    .await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_reconnects_when_its_server_restarts_and_serves_health() {
+    let h = Harness::start().await;
+    let agent = start_agent(&h, "rust-agent", &[]).await;
+    let (status, body) = Harness::http_get(agent.health_addr, "/readyz").await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    let (status, body) = Harness::http_get(agent.health_addr, "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("konnectivity_network_proxy_agent_open_server_connections 1\n"),
+        "{body}"
+    );
+    assert!(
+        body.contains("konnectivity_network_proxy_agent_known_server_count 1\n"),
+        "{body}"
+    );
+    let (status, _) = Harness::http_get(agent.admin_addr, "/metrics").await;
+    assert_eq!(
+        status, 301,
+        "the admin port sends /metrics to the health port, as upstream"
+    );
+    assert_eq!(agent.server_ids(), vec![h.server_id.clone()]);
+    let stopped = h.shutdown().await;
+    eventually(
+        "the agent to notice its server is gone",
+        || agent.connected_servers() == 0,
+        || format!("{} servers", agent.connected_servers()),
+    )
+    .await;
+    let (status, body) = Harness::http_get(agent.health_addr, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    agent.stop().await;
+    drop(stopped);
+}
