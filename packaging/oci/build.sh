@@ -106,6 +106,7 @@ rootfs() { # <binary> <entry name> <dir>
   # `ldd` lists the loader (a path) and `name => path` for every library; linux-vdso has no
   # file. A static binary prints "not a dynamic executable" / "statically linked": no libraries.
   local libs
+  : >"$r.libs"
   libs="$(ldd "$bin" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)" || true
   for lib in $libs; do
     install -d -m 0755 "$r$(dirname "$lib")"
@@ -155,9 +156,17 @@ for p in "${PROGRAMS[@]}"; do
     --label "org.opencontainers.image.source=$SOURCE" \
     --label "org.opencontainers.image.licenses=$LICENSE" \
     "$CTR"
-  buildah commit --quiet --rm --timestamp "$EPOCH" "$CTR" "localhost/$NAME:$VERSION" >/dev/null
+  OLD_ID="$(buildah inspect --type image --format '{{.FromImageID}}' "localhost/$NAME:$VERSION" 2>/dev/null || true)"
+  OLD_DEV_ID="$(buildah inspect --type image --format '{{.FromImageID}}' "localhost/$NAME:dev" 2>/dev/null || true)"
+  ID="$(buildah commit --quiet --rm --timestamp "$EPOCH" "$CTR" "localhost/$NAME:$VERSION")"
   CTR=""
   buildah tag "localhost/$NAME:$VERSION" "localhost/$NAME:dev"
+  # A rebuild with other inputs leaves the previous image untagged: remove it (only that one).
+  dangling="$(buildah images --noheading --no-trunc --filter dangling=true --format '{{.ID}}' 2>/dev/null | sed 's/^sha256://')"
+  for old in $(printf '%s\n' "$OLD_ID" "$OLD_DEV_ID" | sort -u); do
+    [[ -n "$old" && "$old" != "$ID" ]] && grep -qx "$old" <<<"$dangling" || continue
+    buildah rmi "$old" >/dev/null 2>&1 && log "$NAME: removed the previous image ${old:0:12}, now untagged"
+  done
   log "$NAME: built localhost/$NAME:$VERSION and :dev in $(awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
   BUILT+=("localhost/$NAME:$VERSION")
 done
