@@ -72,10 +72,19 @@ if [[ "${1:-}" != --inside ]]; then
     fi
   fi
   export KUBE_BIN_DIR="${KUBE_BIN_DIR:-}"
+  OCI_OUTER_NS="$(readlink /proc/self/ns/mnt) $(readlink /proc/self/ns/net)"
+  export OCI_OUTER_NS
   exec unshare --mount --net -- "$0" --inside
 fi
 
 # ------------------------------------------------------------------------------ inside ------
+# /etc is overlaid and /etc/kubernetes rewritten below: only ever in namespaces of our own.
+read -r OUTER_MNT OUTER_NET <<<"${OCI_OUTER_NS:-}"
+if [[ -z "${OUTER_NET:-}" || "$(readlink /proc/self/ns/mnt)" == "$OUTER_MNT" ||
+      "$(readlink /proc/self/ns/net)" == "$OUTER_NET" ]]; then
+  echo "oci/test.sh: --inside runs only in the private namespaces test.sh makes; run it without arguments" >&2
+  exit 2
+fi
 T_START="$OCI_T_START"
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -116,7 +125,12 @@ cleanup() {
     wait "${HOST_PIDS[@]}" 2>/dev/null
   fi
   [[ -n "${KUBE_RUN_DIR:-}" ]] && "$ROOT/tests/kube/stop.sh" "$KUBE_RUN_DIR" >/dev/null 2>&1
-  if [[ "${KEEP_SCRATCH:-0}" == 1 ]]; then echo "scratch kept: $SCRATCH"; else rm -rf "$SCRATCH"; fi
+  # Unmount before removing: the submount copies are bind mounts of the real files.
+  if [[ ${OVERLAID:-0} -eq 1 ]]; then umount -R -l /etc 2>/dev/null; fi
+  if [[ -d "$SCRATCH/etc-sub" ]]; then
+    for m in "$SCRATCH"/etc-sub/*; do [[ -e "$m" ]] && umount -l "$m" 2>/dev/null; done
+  fi
+  if [[ "${KEEP_SCRATCH:-0}" == 1 ]]; then echo "scratch kept: $SCRATCH"; else rm -rf --one-file-system "$SCRATCH"; fi
   exit $rc
 }
 trap cleanup EXIT
@@ -132,6 +146,7 @@ i=0; for m in "${ETC_SUBMOUNTS[@]}"; do
   touch "$SCRATCH/etc-sub/$i"; mount --bind "$m" "$SCRATCH/etc-sub/$i"; i=$((i + 1))
 done
 if mount -t overlay overlay -o "lowerdir=/etc,upperdir=$SCRATCH/etc-upper,workdir=$SCRATCH/etc-work" /etc; then
+  OVERLAID=1
   i=0; for m in "${ETC_SUBMOUNTS[@]}"; do mount --bind "$SCRATCH/etc-sub/$i" "$m"; i=$((i + 1)); done
   pass "loopback up, /etc overlaid (the host's /etc is not written)"
 else
