@@ -13,8 +13,9 @@
 #   3. a ConfigMap-style ..data symlink swap (the kubelet's atomic writer) reloads the
 #      configuration in place (same process, reloads_total{result="success"} 1)
 #   4. podman kube play: packaging/kubernetes/konnectivity-server.yaml (the image replaced),
-#      its config-file variant (an edit of the host's server.toml is reloaded), and the
-#      upstream-documented kubeadm manifest (packaging/oci/fixtures/, only the image replaced)
+#      its HA variant, its config-file variant (an edit of the host's server.toml is
+#      reloaded), and the upstream-documented kubeadm manifest (packaging/oci/fixtures/, only
+#      the image replaced)
 #   5. the manifests against a real kube-apiserver (packaging/kubernetes/check.sh): server-side
 #      dry run with strict field validation, the egress selector files loaded at start
 #
@@ -25,7 +26,8 @@
 # [1024, 49151] with a bind check. Every container and process started is stopped.
 #
 # Environment:
-#   SERVER_BINARY, AGENT_BINARY  binaries for build.sh (default: <target dir>/release/konnectivity-{server,agent})
+#   SERVER_BINARY, AGENT_BINARY  the binaries for build.sh
+#                     (default: <target dir>/release/konnectivity-server, konnectivity-agent)
 #   INTEROP_BIN_DIR   upstream proxy-agent, proxy-test-client, http-test-server (default: the last
 #                     line of tests/interop/build.sh, which builds them on first use)
 #   KUBE_BIN_DIR      kube-apiserver and etcd for step 5 (default: tests/kube/build.sh's cache
@@ -562,6 +564,19 @@ if with_image "$KUBE_DIR/konnectivity-server.yaml" "$SERVER_IMAGE" "$M" && play 
   check "static pod: SIGTERM -> exit code 0 (got '$code')" test "$code" = 0
 else
   fail "podman kube play konnectivity-server.yaml"
+fi
+step_end
+
+step_begin "podman kube play packaging/kubernetes/konnectivity-server-ha.yaml (image replaced; no kube-apiserver behind its kubeconfig)"
+kubeadm_host
+M="$SCRATCH/konnectivity-server-ha.yaml"
+if with_image "$KUBE_DIR/konnectivity-server-ha.yaml" "$SERVER_IMAGE" "$M" && play "$M"; then
+  check "HA static pod (--enable-lease-controller): /healthz 200 on 127.0.0.1:8134" wait_for 20 code_is 200 http://127.0.0.1:8134/healthz
+  [[ $FAILS -eq 0 ]] || pod_logs 30
+  code="$(down "$M")"
+  check "HA static pod: SIGTERM -> exit code 0 (got '$code')" test "$code" = 0
+else
+  fail "podman kube play konnectivity-server-ha.yaml"
 fi
 step_end
 
