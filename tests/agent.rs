@@ -296,3 +296,196 @@ async fn the_agent_reconnects_when_its_server_restarts_and_serves_health() {
     agent.stop().await;
     drop(stopped);
 }
+
+// ---------------------------------------------------------------------------------------------
+// A server that misbehaves: the agent counts, logs at a bounded rate, and carries on.
+
+mod fake {
+    use std::sync::Arc;
+
+    use konnectivity_server::proto::agent_service_server::{AgentService, AgentServiceServer};
+    use konnectivity_server::proto::Packet;
+    use konnectivity_server::tls::{server_config, DevPki, TlsFiles, TlsPolicy};
+    use tokio::net::TcpListener;
+    use tokio::sync::mpsc;
+    use tokio_stream::wrappers::ReceiverStream;
+    use tonic::{Request, Response, Status, Streaming};
+
+    /// One agent stream as the fake server sees it.
+    pub struct Connection {
+        pub to_agent: mpsc::Sender<Result<Packet, Status>>,
+        pub from_agent: Streaming<Packet>,
+    }
+
+    struct Fake {
+        connections: mpsc::Sender<Connection>,
+    }
+
+    #[tonic::async_trait]
+    impl AgentService for Fake {
+        type ConnectStream = ReceiverStream<Result<Packet, Status>>;
+
+        async fn connect(
+            &self,
+            request: Request<Streaming<Packet>>,
+        ) -> Result<Response<Self::ConnectStream>, Status> {
+            let (to_agent, rx) = mpsc::channel(1024);
+            let _ = self
+                .connections
+                .send(Connection {
+                    to_agent,
+                    from_agent: request.into_inner(),
+                })
+                .await;
+            let mut response = Response::new(ReceiverStream::new(rx));
+            response
+                .metadata_mut()
+                .insert("serverid", "fake-server".parse().unwrap());
+            response
+                .metadata_mut()
+                .insert("servercount", "1".parse().unwrap());
+            Ok(response)
+        }
+    }
+
+    /// Serves `/AgentService/Connect` over TLS on `listener`; hands each stream to the test.
+    pub fn serve(pki: &DevPki, listener: TcpListener) -> mpsc::Receiver<Connection> {
+        let files = TlsFiles {
+            cert: &pki.server_cert,
+            key: &pki.server_key,
+            client_ca: Some(&pki.ca_cert),
+        };
+        let policy = TlsPolicy {
+            cipher_suites: &[],
+            min_version: konnectivity_server::config::TlsVersion::Tls12,
+        };
+        let tls = tokio_rustls::TlsAcceptor::from(server_config(&files, &policy, &[b"h2"]).unwrap());
+        let (tx, rx) = mpsc::channel(8);
+        let incoming = async_stream_of(listener, tls);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(AgentServiceServer::new(Fake { connections: tx }))
+                .serve_with_incoming(incoming),
+        );
+        rx
+    }
+
+    fn async_stream_of(
+        listener: TcpListener,
+        tls: tokio_rustls::TlsAcceptor,
+    ) -> ReceiverStream<std::io::Result<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>> {
+        let (tx, rx) = mpsc::channel(8);
+        let tls = Arc::new(tls);
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (tls, tx) = (tls.clone(), tx.clone());
+                tokio::spawn(async move {
+                    if let Ok(stream) = tls.accept(tcp).await {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                });
+            }
+        });
+        ReceiverStream::new(rx)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misbehaving_server_is_answered_counted_and_contained() {
+    use konnectivity_server::proto::{packet::Payload, Data, PacketType};
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut connections = fake::serve(&pki, listener);
+    let args = [
+        "konnectivity-agent".to_string(),
+        format!("--ca-cert={}", pki.ca_cert.display()),
+        format!("--agent-cert={}", pki.agent_cert.display()),
+        format!("--agent-key={}", pki.agent_key.display()),
+        "--proxy-server-host=127.0.0.1".into(),
+        format!("--proxy-server-port={port}"),
+        "--sync-interval=100ms".into(),
+    ];
+    let config = AgentConfig::from_options(&AgentOptions::try_parse_from(&args).unwrap()).unwrap();
+    let bind = || TcpListener::bind("127.0.0.1:0");
+    let running = agent::spawn(
+        Snapshot::build(config).unwrap(),
+        AgentListeners {
+            health: bind().await.unwrap(),
+            admin: bind().await.unwrap(),
+        },
+    );
+    let mut server = within("the agent's stream", connections.recv()).await.unwrap();
+    let send = |p: Packet| {
+        let tx = server.to_agent.clone();
+        async move { tx.send(Ok(p)).await.unwrap() }
+    };
+    // DATA and CLOSE_REQ for connections the agent never had.
+    send(data(77, b"x".to_vec())).await;
+    send(close_req(78)).await;
+    let mut replies = Vec::new();
+    while replies.len() < 2 {
+        let packet = within("a reply", server.from_agent.message()).await.unwrap().unwrap();
+        if let Some(Payload::CloseResponse(c)) = packet.payload {
+            replies.push((c.connect_id, c.error));
+        }
+    }
+    assert_eq!(
+        replies,
+        vec![
+            (77, wire::UNRECOGNIZED_CONNECT_ID.to_string()),
+            (78, wire::UNKNOWN_CONNECT_ID.to_string())
+        ],
+        "upstream's replies, word for word"
+    );
+    // Malformed packets, and a flood of DATA for unknown connections.
+    send(Packet { r#type: 42, payload: None }).await;
+    send(Packet {
+        r#type: PacketType::DialReq as i32,
+        payload: Some(Payload::Data(Data::default())),
+    })
+    .await;
+    send(data(0, b"no id".to_vec())).await;
+    for id in 0..5000 {
+        send(data(1000 + id, b"flood".to_vec())).await;
+    }
+    // The agent still serves: a real dial through the same stream works.
+    let echo = echo_server().await;
+    send(dial_req(&echo.to_string(), 9)).await;
+    let connect_id = loop {
+        let packet = within("the DIAL_RSP", server.from_agent.message()).await.unwrap().unwrap();
+        if let Some(Payload::DialResponse(r)) = packet.payload {
+            assert_eq!((r.random, r.error.as_str()), (9, ""));
+            break r.connect_id;
+        }
+    };
+    send(data(connect_id, b"hello".to_vec())).await;
+    loop {
+        let packet = within("the echo", server.from_agent.message()).await.unwrap().unwrap();
+        if let Some(Payload::Data(d)) = packet.payload {
+            if d.connect_id == connect_id {
+                assert_eq!(&d.data[..], b"hello");
+                break;
+            }
+        }
+    }
+    let m = running.metrics();
+    assert_eq!(m.peer_violations("unknown_packet_type"), 1);
+    assert_eq!(m.peer_violations("payload_mismatch"), 1);
+    assert_eq!(m.peer_violations("data_without_connect_id"), 1);
+    assert_eq!(
+        m.peer_violations("data_unknown_connection") + m.peer_violations("reply_dropped"),
+        5001,
+        "every unknown DATA is counted (its reply may be dropped when the stream is full)"
+    );
+    // The closed connection's id is gone for good; the tunnel closes and the table empties.
+    send(close_req(connect_id)).await;
+    eventually(
+        "the tunnel to close",
+        || running.tunnels() == 0 && running.metrics().open_endpoints() == 0,
+        || format!("{} tunnels", running.tunnels()),
+    )
+    .await;
+    running.stop().await;
+}
