@@ -3,12 +3,17 @@
 # package tests) against an external agent binary, with upstream's in-process Go proxy
 # server or (--server) an external server binary.
 #
-#   run.sh --agent PATH [--server PATH] [--run REGEX] [--timeout DUR] [--host-net] [--verbose]
+#   run.sh --agent PATH [--server PATH] [--run REGEX] [--skip REGEX] [--count N]
+#          [--retries N] [--timeout DUR] [--host-net] [--verbose]
 #
 #   --agent PATH    agent binary, given to the suite as -agent-path (its ExternalAgentRunner)
 #   --server PATH   server binary, started by our runner (externalserver/, README.md) instead of
 #                   the in-process server; tests in EXTERNAL_SERVER_EXCLUDED are skipped
 #   --run REGEX     passed as -test.run (default: every test)
+#   --skip REGEX    passed as -test.skip (with the exclusions below, if any)
+#   --count N       -test.count (default 1; more to measure flakiness)
+#   --retries N     rerun the top-level tests that failed, up to N times (default 0). One
+#                   that then passes is reported FLAKY and does not fail the run.
 #   --timeout DUR   -test.timeout for the whole binary (default: 10m)
 #   --host-net      run in the host's network namespace (default: a private one, below)
 #   --verbose       stream the whole log, not only the test results
@@ -20,10 +25,10 @@
 # which answers NXDOMAIN (the suite expects "no such host" for a made-up name). Nothing
 # leaves loopback and two tests stop depending on the host's network.
 #
-# Prints one line per top-level test (PASS/FAIL/SKIP, or NO RESULT when the binary died
-# under it) and the full log's path. Exit status: 0 only if the binary exited 0 and no
-# test failed. The test binary is compiled once per go version + go.sum (build.sh, cache
-# outside the work tree).
+# Prints one line per top-level test (PASS/FAIL/FLAKY/SKIP, or NO RESULT when the binary
+# died under it) and the full log's path. Exit status: 0 only if no test failed (FLAKY
+# excepted) and every non-zero exit of the binary is explained by a failed test. The test
+# binary is compiled once per go version + go.sum (build.sh, cache outside the work tree).
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,7 +39,7 @@ DEFAULT_TIMEOUT=10m
 #   (none: every test of v0.36.0 runs against an external server; see README.md)
 EXTERNAL_SERVER_EXCLUDED=()
 
-usage() { sed -n '6,21p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '6,26p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 abs_exe() { # <what> <path>: absolute path of an executable file, or exit 2
   if [[ ! -f "$2" || ! -x "$2" ]]; then
@@ -44,12 +49,15 @@ abs_exe() { # <what> <path>: absolute path of an executable file, or exit 2
   echo "$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"
 }
 
-AGENT="" SERVER="" RUN="" TIMEOUT="$DEFAULT_TIMEOUT" VERBOSE=0 HOST_NET=0
+AGENT="" SERVER="" RUN="" SKIP="" COUNT=1 RETRIES=0 TIMEOUT="$DEFAULT_TIMEOUT" VERBOSE=0 HOST_NET=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --agent) AGENT="${2:-}"; shift 2 || usage ;;
     --server) SERVER="${2:-}"; shift 2 || usage ;;
     --run) RUN="${2:-}"; shift 2 || usage ;;
+    --skip) SKIP="${2:-}"; shift 2 || usage ;;
+    --count) COUNT="${2:-}"; shift 2 || usage ;;
+    --retries) RETRIES="${2:-}"; shift 2 || usage ;;
     --timeout) TIMEOUT="${2:-}"; shift 2 || usage ;;
     --verbose) VERBOSE=1; shift ;;
     --host-net) HOST_NET=1; shift ;;
@@ -73,13 +81,17 @@ else
   TEST_BIN="$CACHE_DIR/upstream-tests.test"
 fi
 
-ARGS=(-test.v -test.count=1 -test.timeout="$TIMEOUT" -agent-path="$AGENT")
+[[ "$COUNT" =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --count needs a positive integer" >&2; exit 2; }
+[[ "$RETRIES" =~ ^[0-9]+$ ]] || { echo "run.sh: --retries needs a non-negative integer" >&2; exit 2; }
+ARGS=(-test.v -test.count="$COUNT" -test.timeout="$TIMEOUT" -agent-path="$AGENT")
 [[ -n "$SERVER" ]] && ARGS+=(-server-path="$SERVER")
 [[ -n "$RUN" ]] && ARGS+=(-test.run="$RUN")
+SKIPS=()
 if [[ -n "$SERVER" && ${#EXTERNAL_SERVER_EXCLUDED[@]} -gt 0 ]]; then
-  skip="$(IFS='|'; echo "${EXTERNAL_SERVER_EXCLUDED[*]}")"
-  ARGS+=(-test.skip="^(${skip})\$")
+  SKIPS+=("^($(IFS='|'; echo "${EXTERNAL_SERVER_EXCLUDED[*]}"))\$")
 fi
+[[ -n "$SKIP" ]] && SKIPS+=("$SKIP")
+if [[ ${#SKIPS[@]} -gt 0 ]]; then ARGS+=(-test.skip="$(IFS='|'; echo "${SKIPS[*]}")"); fi
 
 LOG="$(mktemp "${TMPDIR:-/tmp}/konn-upstream-suite-XXXXXX.log")"
 # The binary's cwd and TMPDIR (so the suite's cert dir and UDS sockets, which TestMain
@@ -120,55 +132,93 @@ fi
 # The binary runs in a session of its own (setsid: its pid is the process group id), so
 # that agent and server processes it leaves behind (a timeout panic skips t.Cleanup) can
 # be found and stopped by that group id afterwards. unshare and sh exec into it.
-start=$(date +%s)
-(cd "$WORKDIR" && TMPDIR="$WORKDIR" exec setsid "${LAUNCH[@]}" "$TEST_BIN" "${ARGS[@]}") >"$LOG" 2>&1 &
-PGID=$!
+# run_binary ARGS...: one run, appended to $LOG; sets RC.
+run_binary() {
+  rm -f "$WORKDIR/nxdns.pid" "$WORKDIR/nxdns.ready"
+  (cd "$WORKDIR" && TMPDIR="$WORKDIR" exec setsid "${LAUNCH[@]}" "$TEST_BIN" "$@") >>"$LOG" 2>&1 &
+  PGID=$!
+  trap 'echo "run.sh: interrupted, stopping process group $PGID" >&2; stop_group; exit 130' INT TERM
+  if [[ "$VERBOSE" == 1 ]]; then
+    tail -n 0 --pid="$PGID" -f "$LOG" &
+  else
+    tail -n 0 --pid="$PGID" -f "$LOG" | grep --line-buffered -E '^--- (PASS|FAIL|SKIP): ' &
+  fi
+  local tail_pid=$!
+  wait "$PGID"; RC=$?
+  wait "$tail_pid" 2>/dev/null
+  trap - INT TERM
+  if [[ -s "$WORKDIR/nxdns.pid" ]]; then # ours, expected to outlive the binary
+    local nxdns_pid
+    nxdns_pid="$(cat "$WORKDIR/nxdns.pid")"
+    kill "$nxdns_pid" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$nxdns_pid" 2>/dev/null || break; sleep 0.05; done
+  fi
+  # Live members of the group (zombies are agents the binary killed without waiting for
+  # them; they are reaped once re-parented). Give stopping processes a moment.
+  for _ in $(seq 40); do [[ -z "$(group_alive)" ]] && break; sleep 0.05; done
+  if [[ -n "$(group_alive)" ]]; then
+    echo "run.sh: processes left running in group $PGID after the test binary exited, killing them:" >&2
+    ps -o pid=,args= -p "$(group_alive | paste -sd,)" | cut -c1-200 | sed 's/^/    /' >&2
+    stop_group
+  fi
+}
 stop_group() { kill -KILL -- "-$PGID" 2>/dev/null; }
-trap 'echo "run.sh: interrupted, stopping process group $PGID" >&2; stop_group; exit 130' INT TERM
-if [[ "$VERBOSE" == 1 ]]; then
-  tail -n +1 --pid="$PGID" -f "$LOG" &
-else
-  tail -n +1 --pid="$PGID" -f "$LOG" | grep --line-buffered -E '^--- (PASS|FAIL|SKIP): ' &
-fi
-TAIL=$!
-wait "$PGID"; rc=$?
-wait "$TAIL" 2>/dev/null
-trap - INT TERM
-elapsed=$(( $(date +%s) - start ))
-if [[ -s "$WORKDIR/nxdns.pid" ]]; then # ours, expected to outlive the binary
-  NXDNS_PID="$(cat "$WORKDIR/nxdns.pid")"
-  kill "$NXDNS_PID" 2>/dev/null
-  for _ in $(seq 50); do kill -0 "$NXDNS_PID" 2>/dev/null || break; sleep 0.05; done
-fi
-# Live members of the group (zombies are agents the binary killed without waiting for
-# them; they are reaped once re-parented). Give stopping processes a moment.
 group_alive() { ps -e -o pid=,pgid=,stat= | awk -v g="$PGID" '$2 == g && $3 !~ /^Z/ { print $1 }'; }
-for _ in $(seq 40); do [[ -z "$(group_alive)" ]] && break; sleep 0.05; done
-if [[ -n "$(group_alive)" ]]; then
-  echo "run.sh: processes left running in group $PGID after the test binary exited, killing them:" >&2
-  ps -o pid=,args= -p "$(group_alive | paste -sd,)" | cut -c1-200 | sed 's/^/    /' >&2
-  stop_group
-fi
+# Top-level tests that failed in the last run (after the last retry marker).
+last_failed() { awk '/^##### run.sh retry /{delete f} /^--- FAIL: [^ \/]+ \(/{f[$3]=1} END{for (k in f) print k}' "$LOG" | sort; }
+
+start=$(date +%s)
+: >"$LOG"
+run_binary "${ARGS[@]}"
+RCS=("$RC")
+UNEXPLAINED=0 # a non-zero exit without a failed top-level test: TestMain error, panic, ...
+[[ "$RC" -ne 0 && -z "$(last_failed)" ]] && UNEXPLAINED=1
+for ((retry = 1; retry <= RETRIES; retry++)); do
+  mapfile -t FAILED < <(last_failed)
+  [[ ${#FAILED[@]} -gt 0 && "$UNEXPLAINED" == 0 ]] || break
+  RETRY_RUN="^($(IFS='|'; echo "${FAILED[*]}"))\$"
+  echo "run.sh: retry $retry of ${FAILED[*]}"
+  echo "##### run.sh retry $retry: -test.run=$RETRY_RUN" >>"$LOG"
+  RETRY_ARGS=()
+  for a in "${ARGS[@]}"; do [[ "$a" == -test.run=* ]] || RETRY_ARGS+=("$a"); done
+  run_binary "${RETRY_ARGS[@]}" -test.run="$RETRY_RUN"
+  RCS+=("$RC")
+  [[ "$RC" -ne 0 && -z "$(last_failed)" ]] && UNEXPLAINED=1
+done
+elapsed=$(( $(date +%s) - start ))
 rm -rf "$WORKDIR"
 
 echo
 echo "==================== upstream suite, $MODE, $NET (full log: $LOG) ===================="
 # Top-level tests only: "=== RUN   TestX" without "/", and "--- RESULT: TestX (t)" at column 0.
-awk '
-  /^=== RUN   [^ \/]+$/ { name = $3; if (!(name in seen)) { seen[name] = 1; order[++n] = name } }
+# A test's line: PASS; FAIL (some run failed and no retry passed it); FLAKY (failed, then
+# passed in every retry run of it that followed); SKIP; NO RESULT (started, never ended,
+# e.g. the binary panicked). With --count > 1 or retries, the tally per result follows.
+awk -v runs="$COUNT" '
+  function add(name) { if (!(name in seen)) { seen[name] = 1; order[++n] = name } }
+  /^##### run.sh retry / { pass_no++ }
+  /^=== RUN   [^ \/]+$/ { add($3); started[$3]++ }
   /^--- (PASS|FAIL|SKIP): [^ \/]+ \(/ {
-    name = $3; res[name] = substr($2, 1, 4); t = $4; gsub(/[()]/, "", t); dur[name] = t
-    if (!(name in seen)) { seen[name] = 1; order[++n] = name }
+    name = $3; add(name); r = substr($2, 1, 4); tally[name, r]++; ended[name]++
+    if (pass_no > 0) { retried[name] = 1; if (r == "FAIL") retry_failed[name] = 1 }
+    t = $4; gsub(/[()s]/, "", t); if (t + 0 >= max[name] + 0) max[name] = t
   }
   END {
     for (i = 1; i <= n; i++) {
       s = order[i]
-      r = (s in res) ? res[s] : "NO RESULT"
-      printf "%-55s %-9s %s\n", s, r, (s in dur) ? dur[s] : ""
+      if (started[s] > ended[s]) r = "NO RESULT"
+      else if (tally[s, "FAIL"] && retried[s] && !retry_failed[s]) r = "FLAKY"
+      else if (tally[s, "FAIL"]) r = "FAIL"
+      else if (tally[s, "PASS"]) r = "PASS"; else r = "SKIP"
+      line = sprintf("%-55s %-9s %ss", s, r, max[s] == "" ? "-" : max[s])
+      if (runs > 1 || retried[s]) line = line sprintf("   pass %d, fail %d, skip %d, no result %d", tally[s, "PASS"], tally[s, "FAIL"], tally[s, "SKIP"], started[s] - ended[s])
+      print line
       count[r]++
     }
-    printf "\n%d tests: %d passed, %d failed, %d skipped, %d without a result\n", n, count["PASS"], count["FAIL"], count["SKIP"], count["NO RESULT"]
+    printf "\n%d tests: %d passed, %d failed, %d flaky (failed, then passed on retry), %d skipped, %d without a result\n", n, count["PASS"], count["FAIL"], count["FLAKY"], count["SKIP"], count["NO RESULT"]
+    exit (count["FAIL"] + count["NO RESULT"] > 0)
   }' "$LOG"
+summary_failed=$?
 if ! grep -q '^=== RUN' "$LOG"; then
   echo "run.sh: no test ran; the log ends with:"; tail -n 20 "$LOG" | sed 's/^/    /'
 fi
@@ -178,8 +228,7 @@ fi
 if [[ -n "$SERVER" && ${#EXTERNAL_SERVER_EXCLUDED[@]} -gt 0 ]]; then
   echo "run.sh: excluded with an external server (see EXTERNAL_SERVER_EXCLUDED in run.sh): ${EXTERNAL_SERVER_EXCLUDED[*]}"
 fi
-echo "run.sh: test binary exit status $rc, ${elapsed}s"
+echo "run.sh: test binary exit status ${RCS[*]} (first run, then retries), ${elapsed}s"
 
-failed=$(grep -cE '^--- FAIL: [^ /]+ \(' "$LOG")
-if [[ "$rc" -ne 0 || "$failed" -ne 0 ]]; then exit 1; fi
+if [[ "$summary_failed" -ne 0 || "$UNEXPLAINED" -ne 0 ]]; then exit 1; fi
 exit 0
