@@ -246,3 +246,67 @@ fn layers_file_environment_flags_and_upstreams_id_variable() {
         out.stderr
     );
 }
+
+#[test]
+fn the_reference_file_holds_every_key_at_its_default_and_the_template_parses() {
+    let reference = concat!(env!("CARGO_MANIFEST_DIR"), "/config/agent.toml");
+    let defaults = run(&["--config=", "--write-config-to=-"], &[]);
+    let from_file = run(
+        &[&format!("--config={reference}"), "--write-config-to=-"],
+        &[],
+    );
+    assert_eq!(from_file.code, 0, "{}", from_file.stderr);
+    assert_eq!(
+        from_file.stdout, defaults.stdout,
+        "config/agent.toml changes nothing"
+    );
+    let text = std::fs::read_to_string(reference).unwrap();
+    for line in defaults.stdout.lines() {
+        let key = line.split(" = ").next().unwrap();
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{key} = "))),
+            "config/agent.toml lacks {key}"
+        );
+    }
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/config/agent.toml.deploy");
+    let out = run(
+        &[&format!("--config={template}"), "--write-config-to=-"],
+        &[],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("graceful_shutdown_timeout = \"1m0s\""),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn check_config_loads_the_certificates_and_reads_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let ca = format!("--ca-cert={}", pki.ca_cert.display());
+    let cert = format!("--agent-cert={}", pki.agent_cert.display());
+    let key = format!("--agent-key={}", pki.agent_key.display());
+    let out = run(&["--config=", "--check-config", &ca, &cert, &key], &[]);
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (0, "configuration OK (no config file)"),
+        "{}",
+        out.stderr
+    );
+    // A key that does not match the certificate.
+    let wrong = format!("--agent-key={}", pki.server_key.display());
+    let out = run(&["--config=", "--check-config", &ca, &cert, &wrong], &[]);
+    assert_eq!(out.code, 1);
+    assert!(
+        out.stdout.starts_with("configuration invalid"),
+        "{}",
+        out.stdout
+    );
+    // A token file that exists but cannot be read (a directory).
+    let token = format!("--service-account-token-path={}", dir.path().display());
+    let out = run(&["--config=", "--check-config", &ca, &token], &[]);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(out.stdout.contains("token"), "{}", out.stdout);
+}

@@ -16,6 +16,9 @@ pub struct Opts {
     pub rounds: usize,
     pub server_bin: PathBuf,
     pub upstream_dir: PathBuf,
+    /// The agent behind both servers: upstream's `proxy-agent` unless given (`--agent-bin`,
+    /// e.g. our `konnectivity-agent`, to measure agents).
+    pub agent_bin: Option<PathBuf>,
     pub out: PathBuf,
     pub workloads: Vec<String>,
     pub bulk_bytes: u64,
@@ -55,6 +58,7 @@ pub fn parse_opts(args: &[String]) -> Result<Opts> {
         rounds: if quick { 1 } else { 5 },
         server_bin: PathBuf::new(),
         upstream_dir: PathBuf::new(),
+        agent_bin: None,
         out: PathBuf::from("."),
         workloads: ALL_WORKLOADS.iter().map(|s| s.to_string()).collect(),
         bulk_bytes: if quick { 32 * MIB } else { GIB },
@@ -92,6 +96,7 @@ pub fn parse_opts(args: &[String]) -> Result<Opts> {
             "--rounds" => o.rounds = val()?.parse()?,
             "--server-bin" => o.server_bin = val()?.into(),
             "--upstream-dir" => o.upstream_dir = val()?.into(),
+            "--agent-bin" => o.agent_bin = Some(val()?.into()),
             "--out" => o.out = val()?.into(),
             "--repo" => o.repo = val()?.into(),
             "--workloads" => {

@@ -135,7 +135,10 @@ pub fn brief(m: &Metrics, censored: &BTreeSet<String>) -> String {
 /// The run context: the work directory, the dev PKI and the far end (whose guard kills it).
 pub fn make_ctx(opts: &Opts) -> Result<(Ctx, Proc)> {
     let go_server = opts.upstream_dir.join("proxy-server");
-    let agent_bin = opts.upstream_dir.join("proxy-agent");
+    let agent_bin = opts
+        .agent_bin
+        .clone()
+        .unwrap_or_else(|| opts.upstream_dir.join("proxy-agent"));
     for b in [&opts.server_bin, &go_server, &agent_bin] {
         if !b.is_file() {
             bail!("missing binary {}", b.display());

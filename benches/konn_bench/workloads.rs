@@ -332,6 +332,8 @@ pub async fn w_idle(ctx: &Ctx, imp: Impl, n: usize) -> Result<Outcome> {
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss0 = status_kib(pid, "VmRSS");
+    let agent_pid = env.agent.pid();
+    let agent_rss0 = status_kib(agent_pid, "VmRSS");
     let t0 = Instant::now();
     let tunnels = open_idle(&env.sock, ctx.far, n, ctx.seed()).await?;
     let open_s = t0.elapsed().as_secs_f64();
@@ -342,7 +344,14 @@ pub async fn w_idle(ctx: &Ctx, imp: Impl, n: usize) -> Result<Outcome> {
     let c1 = cpu_secs(pid);
     let window = w0.elapsed().as_secs_f64();
     let rss1 = status_kib(pid, "VmRSS");
+    let agent_rss1 = status_kib(agent_pid, "VmRSS");
     let mut o = Outcome::new();
+    o.set("agent_rss_mib_idle", agent_rss0 / 1024.0);
+    o.set(
+        "agent_rss_kib_per_tunnel",
+        (agent_rss1 - agent_rss0) / n as f64,
+    );
+    o.set("agent_threads", status_kib(agent_pid, "Threads"));
     o.set("rss_kib_per_tunnel", (rss1 - rss0) / n as f64);
     o.set("rss_mib_total", rss1 / 1024.0);
     o.set("idle_cpu_ms_per_s", (c1 - c0) * 1e3 / window);
