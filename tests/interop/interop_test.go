@@ -138,15 +138,16 @@ func TestInterop(t *testing.T) {
 				if sc.oursOnly && impl.name != "ours" {
 					continue
 				}
-				t.Run(sc.name, func(t *testing.T) { runScenario(t, impl.name, impl.bin, bins, sc, nil) })
+				t.Run(sc.name, func(t *testing.T) { runScenario(t, impl.name, impl.bin, bins, sc, nil, nil) })
 			}
 		})
 	}
 }
 
 // runScenario runs one scenario against a fresh server (impl, serverBin) and, when it passed,
-// checks that everything is quiescent. prepare, if set, adjusts the env before the scenario.
-func runScenario(t *testing.T, impl, serverBin string, bins binaries, sc scenarioX, prepare func(*env)) {
+// checks that everything is quiescent. prepare, if set, adjusts the env before the scenario;
+// after, if set, runs once the quiescence checks passed.
+func runScenario(t *testing.T, impl, serverBin string, bins binaries, sc scenarioX, prepare func(*env), after func(*testing.T, *env)) {
 	if sc.parallel {
 		t.Parallel()
 	}
@@ -168,6 +169,9 @@ func runScenario(t *testing.T, impl, serverBin string, bins binaries, sc scenari
 		} else {
 			e.assertQuiescent(t)
 		}
+	}
+	if after != nil && !t.Failed() {
+		after(t, e)
 	}
 }
 
