@@ -102,21 +102,36 @@ func agentScenarios(upstreamAgent string) []scenarioX {
 	return out
 }
 
-// assertAgentsQuiescent: every agent still running has no endpoint connection left.
+// assertAgentsQuiescent: the agents still running have no endpoint connection left. Only
+// when the upstream server kept a tunnel as established after the scenario (its HTTP-CONNECT
+// race, recorded as KNOWN-UPSTREAM-DIFF[connect-200-race-leak] by then) may the agents hold
+// as many as it counts: it never sent them the CLOSE_REQ.
 func assertAgentsQuiescent(t *testing.T, e *env) {
 	t.Helper()
-	for _, a := range e.agents {
-		if a.exited() {
-			continue
+	leaked := 0.0
+	if e.impl == "upstream" {
+		if m, err := e.serverMetrics(); err == nil {
+			leaked = m.sum(metricEstablished)
 		}
-		eventually(t, 20*time.Second, "agent "+a.id+" open_endpoint_connections == 0", func() (bool, string) {
+	}
+	eventually(t, 20*time.Second, fmt.Sprintf("agents' open_endpoint_connections == %v", leaked), func() (bool, string) {
+		total, per := 0.0, []string{}
+		for _, a := range e.agents {
+			if a.exited() {
+				continue
+			}
 			m, err := a.metrics()
 			if err != nil {
 				return false, err.Error()
 			}
 			v := m.sum(metricAgentEndpts)
-			return v == 0, fmt.Sprint(v)
-		})
+			total += v
+			per = append(per, fmt.Sprintf("%s=%v", a.id, v))
+		}
+		return total == leaked, strings.Join(per, " ")
+	})
+	if leaked > 0 {
+		knownDiff(t, "connect-200-race-leak", "with it, the agents hold %v endpoint connection(s) the upstream server never closed", leaked)
 	}
 }
 
@@ -154,10 +169,14 @@ func (e *env) restartServer(t *testing.T) {
 // ---------------------------------------------------------------- head-of-line: stalled destination
 
 const (
-	// The neighbour: one 64-byte echo round trip per tick, no catch-up (at most 200 rt/s).
-	// Paced, so that its rate measures whether the agent still serves it, not how much CPU
-	// the shared 2-core machine has left in that second.
-	aholEchoTick = 5 * time.Millisecond
+	// The neighbour: one 64-byte echo round trip per 10 ms tick (100 rt/s), catching up at
+	// most aholBacklog of missed ticks. Paced, so that its rate measures whether the agent
+	// still serves it, not how much CPU the shared 2-core machine has left in that second
+	// (debug builds there: round trips of 2-3 ms, p99 up to 20 ms; an unpaced neighbour
+	// varies by 20 % between windows). A tunnel held up for longer than aholBacklog loses
+	// the ticks beyond it.
+	aholEchoTick = 10 * time.Millisecond
+	aholBacklog  = 100 * time.Millisecond
 	aholEchoSize = 64
 	aholWindow   = time.Second
 	aholWindows  = 5
@@ -237,7 +256,7 @@ func (s *sinkListener) closeAll() {
 	}
 }
 
-// echoNeighbour does paced echo round trips on one tunnel and counts them.
+// echoNeighbour does paced echo round trips (aholEchoTick) on one tunnel and counts them.
 type echoNeighbour struct {
 	conn   net.Conn
 	n      atomic.Int64
@@ -256,11 +275,15 @@ func startEchoNeighbour(t *testing.T, c net.Conn) *echoNeighbour {
 	nb := &echoNeighbour{conn: c, done: make(chan struct{})}
 	go func() {
 		defer close(nb.done)
-		tick := time.NewTicker(aholEchoTick)
-		defer tick.Stop()
 		out, in := make([]byte, aholEchoSize), make([]byte, aholEchoSize)
+		next := time.Now()
 		for i := 0; ; i++ {
-			<-tick.C
+			if now := time.Now(); next.After(now) {
+				time.Sleep(next.Sub(now))
+			} else if now.Sub(next) > aholBacklog {
+				next = now.Add(-aholBacklog) // the ticks missed beyond the backlog are lost
+			}
+			next = next.Add(aholEchoTick)
 			for k := range out {
 				out[k] = byte(i + k)
 			}
@@ -385,32 +408,40 @@ func (w *stalledWriter) close() {
 	w.conn.Close()
 }
 
-// rssSampler records the peak VmRSS of pid every 100 ms.
-type rssSampler struct {
-	peak atomic.Int64
-	stop chan struct{}
-	done chan struct{}
+// agentSampler records the agent's peak VmRSS every 100 ms and the peak of its
+// endpoint_queued_bytes gauge (ours; absent = 0) every 250 ms.
+type agentSampler struct {
+	peak, queued atomic.Int64
+	stop, done   chan struct{}
 }
 
-func sampleRSS(pid int) *rssSampler {
-	s := &rssSampler{stop: make(chan struct{}), done: make(chan struct{})}
+func sampleAgent(a *agentProc) *agentSampler {
+	s := &agentSampler{stop: make(chan struct{}), done: make(chan struct{})}
+	pid := a.cmd.Process.Pid
 	go func() {
 		defer close(s.done)
-		for {
+		for i := 0; ; i++ {
 			if r, err := rssBytes(pid); err == nil && r > s.peak.Load() {
 				s.peak.Store(r)
+			}
+			if i%5 == 0 {
+				if m, err := a.metrics(); err == nil {
+					if q := int64(m.sum(metricAgentQueued)); q > s.queued.Load() {
+						s.queued.Store(q)
+					}
+				}
 			}
 			select {
 			case <-s.stop:
 				return
-			case <-time.After(100 * time.Millisecond):
+			case <-time.After(50 * time.Millisecond):
 			}
 		}
 	}()
 	return s
 }
 
-func (s *rssSampler) finish() int64 {
+func (s *agentSampler) finish() int64 {
 	close(s.stop)
 	<-s.done
 	return s.peak.Load()
@@ -454,12 +485,11 @@ func scAgentHOL(t *testing.T, e *env, agentBin, kind string) {
 	eventually(t, 10*time.Second, "neighbour echoing", func() (bool, string) {
 		return nb.n.Load() >= 50, fmt.Sprintf("%d round trips (err %v)", nb.n.Load(), nb.failure())
 	})
-	pid := a.cmd.Process.Pid
-	rss0, err := rssBytes(pid)
+	rss0, err := rssBytes(a.cmd.Process.Pid)
 	if err != nil {
 		t.Fatalf("agent RSS: %v", err)
 	}
-	rss := sampleRSS(pid)
+	rss := sampleAgent(a)
 	base, baseP50, baseP99 := nb.windows()
 
 	// The stall: a tunnel to the never-reading destination, written to steadily.
@@ -481,6 +511,7 @@ func scAgentHOL(t *testing.T, e *env, agentBin, kind string) {
 	time.Sleep(aholSettle) // not an assertion: lets upstream's per-connection channel fill
 	during, durP50, durP99 := nb.windows()
 	stillStalled := !stalled.isClosed()
+	queuedPeak := rss.queued.Load() // before the burst tunnel
 
 	// Fresh dials through the same agent, all at once, while the destination still stalls.
 	type dialRes struct {
@@ -561,10 +592,10 @@ func scAgentHOL(t *testing.T, e *env, agentBin, kind string) {
 	if closes == nil {
 		closes, _ = a.metrics()
 	}
-	t.Logf("AGENT-HOL-FIGURES impl=%s agent=%s mode=%s before=%.0f during=%.0f share=%.0f%% fresh_dials=%d/%d max_dial_ms=%d rss_growth_mib=%.1f stall_closed_after=%s burst_closed_after=%s closes{stall,overflow}=%v,%v still_stalled_at_window_end=%v rtt_p50/p99_before=%v/%v during=%v/%v (windows %d x %v, pace %v; before %.0f, during %.0f; stall timeout %v, stalled writer: %.1f MiB prefill in %.2fs, then %d B / %v, %.1f MiB in all)",
+	t.Logf("AGENT-HOL-FIGURES impl=%s agent=%s mode=%s before=%.0f during=%.0f share=%.0f%% fresh_dials=%d/%d max_dial_ms=%d rss_growth_mib=%.1f stall_closed_after=%s burst_closed_after=%s closes{stall,overflow}=%v,%v still_stalled_at_window_end=%v queued_peak_mib=%.1f rtt_p50/p99_before=%v/%v during=%v/%v (windows %d x %v, pace %v; before %.0f, during %.0f; stall timeout %v, stalled writer: %.1f MiB prefill in %.2fs, then %d B / %v, %.1f MiB in all)",
 		e.impl, kind, e.mode, b, s, share*100, okDials, aholDials, maxDial.Milliseconds(), float64(growth)/mib,
 		stalledClosed, burstClosed, closes.sum(metricAgentQueueCloses, `reason="stall"`), closes.sum(metricAgentQueueCloses, `reason="overflow"`),
-		stillStalled, baseP50, baseP99, durP50, durP99, aholWindows, aholWindow, aholEchoTick, base, during, aholStallTimeout, float64(aholPrefill)/mib, prefillTook.Seconds(), aholStallWrite, aholStallEvery, float64(stalled.written.Load())/mib)
+		stillStalled, float64(queuedPeak)/mib, baseP50, baseP99, durP50, durP99, aholWindows, aholWindow, aholEchoTick, base, during, aholStallTimeout, float64(aholPrefill)/mib, prefillTook.Seconds(), aholStallWrite, aholStallEvery, float64(stalled.written.Load())/mib)
 	if err := nb.failure(); err != nil {
 		if strict {
 			t.Errorf("neighbour failed: %v", err)
@@ -785,12 +816,12 @@ func scAgentHA(t *testing.T, e *env, agentBin, kind string) {
 	e.waitAgentServers(a, 2, 10*time.Second)
 	dropped := time.Since(killed)
 
+	restarted := time.Now() // the new process starts: the agent must find it within 10 s
 	victim.restartServer(t)
-	restarted := time.Now()
 	e.waitAgentServers(a, 3, 10*time.Second)
 	back := time.Since(restarted)
 	through("after the restart")
-	t.Logf("AGENT-HA-FIGURES impl=%s agent=%s connected_3_after=%.2fs dropped_to_2_after=%.2fs back_to_3_after=%.2fs (haproxy :%d roundrobin, --sync-interval=100ms --sync-interval-cap=1s)",
+	t.Logf("AGENT-HA-FIGURES impl=%s agent=%s connected_3_after=%.2fs dropped_to_2_after=%.2fs back_to_3_after_restart=%.2fs (haproxy :%d roundrobin, --sync-interval=100ms --sync-interval-cap=1s)",
 		e.impl, kind, connected.Seconds(), dropped.Seconds(), back.Seconds(), lb)
 	for _, s := range servers[1:] {
 		s.assertQuiescent(t)
