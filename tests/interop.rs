@@ -1,5 +1,6 @@
 //! The unchanged upstream agent, test client and konnectivity-client library against our
-//! server, side by side with the upstream Go server: runs the Go harness in tests/interop.
+//! server, side by side with the upstream Go server, and our agent against both servers: runs
+//! the Go harness in tests/interop.
 //!
 //! The harness builds the upstream binaries from the Go module proxy into a cache outside the
 //! work tree. Without Go this test is skipped, except under CI=true, where it fails.
@@ -15,11 +16,16 @@ fn upstream_agent_and_client_work_with_our_server() {
         return;
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/run.sh");
-    let output = Command::new("bash")
+    let mut harness = Command::new("bash");
+    harness
         .arg(script)
-        .arg(env!("CARGO_BIN_EXE_konnectivity-server"))
-        .output()
-        .expect("bash runs the harness");
+        .arg(env!("CARGO_BIN_EXE_konnectivity-server"));
+    // Our agent, when the package builds it: TestAgentInterop runs it against both servers
+    // (without it that test skips, and fails under CI=true).
+    if let Some(agent) = option_env!("CARGO_BIN_EXE_konnectivity-agent") {
+        harness.arg(agent);
+    }
+    let output = harness.output().expect("bash runs the harness");
     let stdout = String::from_utf8_lossy(&output.stdout);
     // The scenario table, kept for CI's log and for the closing notes.
     let summary_start = stdout
