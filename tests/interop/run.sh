@@ -94,13 +94,15 @@ awk '
     if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }
     res[$1, $2] = $3 }
   END {
-    printf "%-52s %-8s %-8s\n", "scenario (agent:* rows: our agent; columns = server)", "ours", "upstream"
-    for (i = 1; i <= n; i++) {
+    printf "%-64s %-8s %-8s\n", "scenario (agent:* rows: our agent; columns = server)", "ours", "upstream"
+    # TestAgentInterop (agent_test.go) runs first; its rows are printed last.
+    for (pass = 0; pass < 2; pass++) for (i = 1; i <= n; i++) {
       s = order[i]; parent = 0
+      if ((index(s, "agent:") == 1) != pass) continue
       for (j = 1; j <= n; j++) if (index(order[j], s "/") == 1) parent = 1
       if (parent) continue
       o = cell(s, "ours"); u = cell(s, "upstream")
-      printf "%-52s %-8s %-8s\n", s, tolower(o), tolower(u)
+      printf "%-64s %-8s %-8s\n", s, tolower(o), tolower(u)
     }
     if (n == 0) printf "(no scenario results found)\n"
     for (k in whole) if (whole[k] == "SKIP") printf "%s: whole run skipped\n", k
