@@ -425,6 +425,7 @@ func (m metrics) sum(name string, labels ...string) float64 {
 //	"PUT <n>\n" + n bytes -> "<hex sha256>\n", then close
 //	"STREAM <seed>\n" -> 32 KiB every 5 ms until the peer goes away
 //	"HOLD\n" -> keep the connection open until the peer closes it
+//	"ECHO\n" -> send back everything received until the peer closes it
 type farEnd struct {
 	ln     net.Listener
 	addr   string
@@ -518,6 +519,8 @@ func (fe *farEnd) serve(c net.Conn) {
 		}
 	case "HOLD":
 		_, _ = io.Copy(io.Discard, br)
+	case "ECHO":
+		_, _ = io.Copy(c, br)
 	default:
 		serveExtra(f, c, br) // lifecycle_test.go
 	}
@@ -603,6 +606,15 @@ type env struct {
 	serverPort int
 	// agentHost is the address agents dial (default 127.0.0.1).
 	agentHost string
+	// The server's command line, for restartServer (agent_test.go: HA).
+	serverBin             string
+	serverArgs, serverEnv []string
+	nStarts               int
+	// agents: every agent startAgent* started; checkAgents (TestAgentInterop) also fails the
+	// scenario when one of them panics or exits unasked, and requires their
+	// open_endpoint_connections to return to 0.
+	agents      []*agentProc
+	checkAgents bool
 }
 
 // envOpts changes how newEnvWith starts the server (lifecycle scenarios).
@@ -625,6 +637,10 @@ type envOpts struct {
 	agentHost string
 	// clusterCert/clusterKey, if set, replace the agent-port certificate.
 	clusterCert, clusterKey string
+	// serverID / serverCount: --server-id (default interop-<impl>) and --server-count
+	// (default 1).
+	serverID    string
+	serverCount int
 }
 
 func newEnv(t *testing.T, impl, serverBin string, bins binaries) *env {
@@ -700,6 +716,13 @@ func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpt
 				"--server-cert=" + cs.serverCert, "--server-key=" + cs.serverKey, "--server-ca-cert=" + cs.ca}
 		}
 		args := append(append([]string{"--mode=" + e.mode}, frontendArgs...), certArgs...)
+		serverID, serverCount := opts.serverID, opts.serverCount
+		if serverID == "" {
+			serverID = "interop-" + impl
+		}
+		if serverCount == 0 {
+			serverCount = 1
+		}
 		args = append(args,
 			fmt.Sprintf("--agent-port=%d", e.agentPort),
 			fmt.Sprintf("--health-port=%d", e.healthPort),
@@ -707,10 +730,11 @@ func newEnvWith(t *testing.T, impl, serverBin string, bins binaries, opts envOpt
 			"--agent-bind-address="+agentBind,
 			"--health-bind-address=127.0.0.1",
 			"--admin-bind-address=127.0.0.1",
-			"--server-id=interop-"+impl,
-			"--server-count=1",
+			"--server-id="+serverID,
+			fmt.Sprintf("--server-count=%d", serverCount),
 		)
 		args = append(args, opts.extraArgs...)
+		e.serverBin, e.serverArgs, e.serverEnv, e.nStarts = serverBin, args, extraEnv, attempt
 		e.server = startProcEnv(t, fmt.Sprintf("server-%s-%d", impl, attempt), dir, extraEnv, serverBin, args...)
 		watchServer(t, e.server)
 		err := e.waitServerUp(20 * time.Second)
@@ -760,8 +784,16 @@ func (e *env) serverMetrics() (metrics, error) {
 	return scrape(fmt.Sprintf("http://127.0.0.1:%d/metrics", e.healthPort))
 }
 
-// startAgent starts an agent binary (default: the upstream v0.36.0 agent).
+// startAgent starts an agent binary (default: e.bins.agent, the upstream v0.36.0 agent in
+// TestInterop, ours in TestAgentInterop) against this server's agent port.
 func (e *env) startAgent(id, bin string) *agentProc {
+	e.t.Helper()
+	return e.startAgentArgs(id, bin, e.agentPort)
+}
+
+// startAgentArgs starts an agent binary (default e.bins.agent) with the harness certificates
+// against e.agentHost:port, plus extra flags.
+func (e *env) startAgentArgs(id, bin string, port int, extra ...string) *agentProc {
 	e.t.Helper()
 	if bin == "" {
 		bin = e.bins.agent
@@ -769,20 +801,26 @@ func (e *env) startAgent(id, bin string) *agentProc {
 	cs := getCerts(e.t)
 	e.nAgents++
 	hp, ap := freePort(e.t), freePort(e.t)
-	p := startProc(e.t, fmt.Sprintf("agent%d-%s", e.nAgents, id), e.dir, bin,
-		"--ca-cert="+cs.ca,
-		"--agent-cert="+cs.agentCert,
-		"--agent-key="+cs.agentKey,
-		"--proxy-server-host="+e.agentHost,
-		fmt.Sprintf("--proxy-server-port=%d", e.agentPort),
-		"--agent-id="+id,
+	args := append([]string{
+		"--ca-cert=" + cs.ca,
+		"--agent-cert=" + cs.agentCert,
+		"--agent-key=" + cs.agentKey,
+		"--proxy-server-host=" + e.agentHost,
+		fmt.Sprintf("--proxy-server-port=%d", port),
+		"--agent-id=" + id,
 		"--agent-identifiers=host=localhost&ipv4=127.0.0.1",
 		"--health-server-host=127.0.0.1",
 		fmt.Sprintf("--health-server-port=%d", hp),
 		"--admin-bind-address=127.0.0.1",
 		fmt.Sprintf("--admin-server-port=%d", ap),
-	)
-	return &agentProc{proc: p, id: id, healthPort: hp}
+	}, extra...)
+	p := startProc(e.t, fmt.Sprintf("agent%d-%s", e.nAgents, id), e.dir, bin, args...)
+	if e.checkAgents {
+		watchServer(e.t, p)
+	}
+	a := &agentProc{proc: p, id: id, healthPort: hp}
+	e.agents = append(e.agents, a)
+	return a
 }
 
 // waitAgentConnected waits until the agent reports one open server connection.

@@ -138,29 +138,40 @@ func TestInterop(t *testing.T) {
 				if sc.oursOnly && impl.name != "ours" {
 					continue
 				}
-				t.Run(sc.name, func(t *testing.T) {
-					if sc.parallel {
-						t.Parallel()
-					}
-					var opts envOpts
-					if sc.opts != nil {
-						opts = sc.opts(impl.name)
-					}
-					if sc.setup != nil {
-						opts = sc.setup(t, impl.name)
-					}
-					e := newEnvWith(t, impl.name, impl.bin, bins, opts)
-					sc.run(t, e)
-					if !t.Failed() {
-						if sc.upstreamMayLeak && impl.name == "upstream" {
-							e.quiescentOrKnownDiff(t, "connect-200-race-leak")
-						} else {
-							e.assertQuiescent(t)
-						}
-					}
-				})
+				t.Run(sc.name, func(t *testing.T) { runScenario(t, impl.name, impl.bin, bins, sc, nil, nil) })
 			}
 		})
+	}
+}
+
+// runScenario runs one scenario against a fresh server (impl, serverBin) and, when it passed,
+// checks that everything is quiescent. prepare, if set, adjusts the env before the scenario;
+// after, if set, runs once the quiescence checks passed.
+func runScenario(t *testing.T, impl, serverBin string, bins binaries, sc scenarioX, prepare func(*env), after func(*testing.T, *env)) {
+	if sc.parallel {
+		t.Parallel()
+	}
+	var opts envOpts
+	if sc.opts != nil {
+		opts = sc.opts(impl)
+	}
+	if sc.setup != nil {
+		opts = sc.setup(t, impl)
+	}
+	e := newEnvWith(t, impl, serverBin, bins, opts)
+	if prepare != nil {
+		prepare(e)
+	}
+	sc.run(t, e)
+	if !t.Failed() {
+		if sc.upstreamMayLeak && impl == "upstream" {
+			e.quiescentOrKnownDiff(t, "connect-200-race-leak")
+		} else {
+			e.assertQuiescent(t)
+		}
+	}
+	if after != nil && !t.Failed() {
+		after(t, e)
 	}
 }
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Interop entry point:  tests/interop/run.sh [path-to-our-server-binary]
+# Interop entry point:  tests/interop/run.sh [path-to-our-server-binary [path-to-our-agent-binary]]
 # Builds (or reuses) the upstream binaries, runs every scenario against "ours"
 # and "upstream", and prints a scenario x {ours, upstream} summary table.
-# Env: CI=true turns any skip (e.g. missing server binary) into a failure.
+# With our agent (second argument or KONNECTIVITY_AGENT_BIN), TestAgentInterop runs the agent
+# scenarios with it against both servers (rows agent:<scenario>).
+# Env: CI=true turns any skip (e.g. missing server or agent binary) into a failure.
 #      GO_TEST_RUN=<regex> narrows the scenarios (passed to go test -run).
 set -uo pipefail
 
@@ -21,6 +23,16 @@ elif [[ "${CI:-}" == "true" ]]; then
   exit 2
 fi
 
+AGENT="${2:-${KONNECTIVITY_AGENT_BIN:-}}"
+if [[ -n "$AGENT" ]]; then
+  if [[ ! -x "$AGENT" ]]; then
+    echo "run.sh: our agent binary '$AGENT' is missing or not executable" >&2
+    exit 2
+  fi
+  AGENT="$(cd "$(dirname "$AGENT")" && pwd)/$(basename "$AGENT")"
+fi
+# (Under CI=true a missing agent fails TestAgentInterop itself, when the run includes it.)
+
 BUILD_OUT="$("$HERE/build.sh")" || { echo "run.sh: build.sh failed" >&2; exit 1; }
 BIN_DIR="$(printf '%s\n' "$BUILD_OUT" | tail -n 1)"
 echo "run.sh: upstream binaries in $BIN_DIR"
@@ -31,8 +43,9 @@ echo "run.sh: upstream binaries in $BIN_DIR"
 KUBE_BIN_DIR="${KUBE_BIN_DIR:-}"
 TOOLS_ENV=()
 first_run_elem="${GO_TEST_RUN:-}"; first_run_elem="${first_run_elem%%/*}"
-if [[ -z "${GO_TEST_RUN:-}" ]] || [[ "TestKube" =~ $first_run_elem ]]; then
-  if [[ -z "$KUBE_BIN_DIR" ]]; then
+runs() { [[ -z "${GO_TEST_RUN:-}" ]] || [[ "$1" =~ $first_run_elem ]]; }
+if runs TestKube || runs TestAgentInterop; then
+  if runs TestKube && [[ -z "$KUBE_BIN_DIR" ]]; then
     kube_t0=$(date +%s)
     if KUBE_OUT="$("$HERE/../kube/build.sh")"; then
       KUBE_BIN_DIR="$(printf '%s\n' "$KUBE_OUT" | tail -n 1)"
@@ -51,7 +64,8 @@ fi
 
 LOG="$(mktemp "${TMPDIR:-/tmp}/konn-interop-XXXXXX.log")"
 (
-  cd "$HERE" && env "${TOOLS_ENV[@]}" KONNECTIVITY_SERVER_BIN="$OURS" UPSTREAM_BIN_DIR="$BIN_DIR" KUBE_BIN_DIR="$KUBE_BIN_DIR" \
+  cd "$HERE" && env "${TOOLS_ENV[@]}" KONNECTIVITY_SERVER_BIN="$OURS" KONNECTIVITY_AGENT_BIN="$AGENT" \
+    UPSTREAM_BIN_DIR="$BIN_DIR" KUBE_BIN_DIR="$KUBE_BIN_DIR" \
     "$GO" test -count=1 -v -timeout 30m ${GO_TEST_RUN:+-run "$GO_TEST_RUN"} .
 ) 2>&1 | tee "$LOG"
 rc=${PIPESTATUS[0]}
@@ -61,36 +75,46 @@ echo "==================== interop summary (full log: $LOG) ====================
 sed -nE \
   -e 's/^ *--- (PASS|FAIL|SKIP): TestInterop\/(ours|upstream)\/([^ ]+) \(.*/\3 \2 \1/p' \
   -e 's/^ *--- (PASS|FAIL|SKIP): TestInterop\/(ours|upstream) \(.*/* \2 \1/p' \
+  -e 's/^ *--- (PASS|FAIL|SKIP): TestAgentInterop\/(ours|upstream)\/([^ ]+) \(.*/agent:\3 \2 \1/p' \
+  -e 's/^ *--- (PASS|FAIL|SKIP): TestAgentInterop\/(ours|upstream) \(.*/*agent: \2 \1/p' \
+  -e 's/^ *--- SKIP: TestAgentInterop \(.*/*agent: all SKIP/p' \
   -e 's/^ *--- (PASS|FAIL|SKIP): TestKube\/([^ ]+)\/(ours|upstream) \(.*/kube\/\2 \3 \1/p' \
   -e 's/^ *--- (PASS|FAIL|SKIP): TestKube\/(compare_[^ /]+) \(.*/kube\/\2 ours \1\nkube\/\2 upstream \1/p' "$LOG" |
 awk '
-  # A scenario missing for an implementation that did run is ours-only: n/a.
-  function cell(s, impl) {
+  # A scenario missing for an implementation that did run is ours-only: n/a. Rows of
+  # TestAgentInterop (agent:<scenario>; columns = the server) look at the runs of that test.
+  function cell(s, impl,   w) {
     if ((s, impl) in res) return res[s, impl]
-    if (!(impl in whole)) return "-"
-    return (whole[impl] == "SKIP") ? "SKIP" : "n/a"
+    w = (index(s, "agent:") == 1) ? "agent:" impl : impl
+    if (!(w in whole)) return "-"
+    return (whole[w] == "SKIP") ? "SKIP" : "n/a"
   }
   { if ($1 == "*") { whole[$2] = $3; next }
+    if ($1 == "*agent:") { if ($2 == "all") agentskip = 1; else whole["agent:" $2] = $3; next }
     if (!($1 in seen)) { seen[$1] = 1; order[++n] = $1 }
     res[$1, $2] = $3 }
   END {
-    printf "%-42s %-8s %-8s\n", "scenario", "ours", "upstream"
-    for (i = 1; i <= n; i++) {
+    printf "%-64s %-8s %-8s\n", "scenario (agent:* rows: our agent; columns = server)", "ours", "upstream"
+    # TestAgentInterop (agent_test.go) runs first; its rows are printed last.
+    for (pass = 0; pass < 2; pass++) for (i = 1; i <= n; i++) {
       s = order[i]; parent = 0
+      if ((index(s, "agent:") == 1) != pass) continue
       for (j = 1; j <= n; j++) if (index(order[j], s "/") == 1) parent = 1
       if (parent) continue
       o = cell(s, "ours"); u = cell(s, "upstream")
-      printf "%-42s %-8s %-8s\n", s, tolower(o), tolower(u)
+      printf "%-64s %-8s %-8s\n", s, tolower(o), tolower(u)
     }
     if (n == 0) printf "(no scenario results found)\n"
     for (k in whole) if (whole[k] == "SKIP") printf "%s: whole run skipped\n", k
+    if (agentskip) printf "agent: TestAgentInterop skipped (no KONNECTIVITY_AGENT_BIN / second argument)\n"
   }'
 if grep -q 'RELOAD-FIGURES' "$LOG"; then
   grep -o 'RELOAD-FIGURES.*' "$LOG" | sed 's/^/reload_under_load: /'
 fi
-for fig in HOL-FIGURES BLACKHOLE-FIGURES; do
-  if grep -q "$fig" "$LOG"; then
-    grep -o "$fig.*" "$LOG" | cut -c1-260
+for fig in HOL-FIGURES BLACKHOLE-FIGURES AGENT-HOL-FIGURES AGENT-HA-FIGURES; do
+  # " $fig " only: HOL-FIGURES must not also print the AGENT-HOL-FIGURES lines.
+  if grep -qE "(^| )$fig " "$LOG"; then
+    grep -oE "(^| )$fig .*" "$LOG" | sed 's/^ //' | cut -c1-330
   fi
 done
 for tag in TOKENREVIEW-COUNTS LEASE-TIMING HA-LB EGRESS METRICS-DIFF PROMTOOL; do
@@ -103,7 +127,7 @@ if grep -q 'KNOWN-UPSTREAM-DIFF' "$LOG"; then
   grep -o 'KNOWN-UPSTREAM-DIFF.*' "$LOG" | cut -c1-200 | sed 's/^/  /'
 fi
 
-if ! grep -qE -- '--- (PASS|FAIL): Test(Interop|Kube)/' "$LOG"; then
+if ! grep -qE -- '--- (PASS|FAIL): Test(Interop|Kube|AgentInterop)/' "$LOG"; then
   echo "run.sh: no scenario ran" >&2
   rc=1
 fi
