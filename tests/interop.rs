@@ -1,13 +1,18 @@
 //! The unchanged upstream agent, test client and konnectivity-client library against our
 //! server, side by side with the upstream Go server, and our agent against both servers: runs
 //! the Go harness in tests/interop. And upstream's own integration suite (tests/upstream-suite)
-//! against our agent, with upstream's server and with ours. The two tests run side by side.
+//! against our agent, with upstream's server and with ours. The two tests take turns: the
+//! harness's throughput scenarios (head-of-line shares) must not share the cores with the
+//! suite.
 //!
 //! The harnesses build the upstream binaries from the Go module proxy into a cache outside the
 //! work tree. Without Go these tests are skipped, except under CI=true, where they fail.
 #![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
 use std::process::Command;
+
+/// Held by each test while it runs (see the module comment).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn go_or_skip() -> bool {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
@@ -20,6 +25,7 @@ fn go_or_skip() -> bool {
 
 #[test]
 fn upstream_agent_and_client_work_with_our_server() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     if !go_or_skip() {
         return;
     }
@@ -57,6 +63,7 @@ const BASELINE: &str = "upstream's agent, upstream's in-process server (baseline
 
 #[test]
 fn upstream_integration_suite_passes_with_our_agent() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     if !go_or_skip() {
         return;
     }
