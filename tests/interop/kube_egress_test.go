@@ -33,6 +33,26 @@ func scEgressHTTPConnect(t *testing.T, k *kubeFixture, impl, bin string, bins bi
 	scEgress(t, impl, bin, bins, "http-connect", "HTTPConnect", 1)
 }
 
+// withOurAgent is bins with our agent (KONNECTIVITY_AGENT_BIN) in place of upstream's.
+func withOurAgent(t *testing.T, bins binaries) binaries {
+	t.Helper()
+	agent := os.Getenv("KONNECTIVITY_AGENT_BIN")
+	if agent == "" {
+		skipOrFail(t, "KONNECTIVITY_AGENT_BIN is not set: not testing our agent behind kube-apiserver")
+	}
+	bins.agent = agent
+	return bins
+}
+
+// The same egress scenarios with our agent in place of upstream's, behind both servers.
+func scEgressGRPCOurAgent(t *testing.T, k *kubeFixture, impl, bin string, bins binaries, sh *kubeShared) {
+	scEgress(t, impl, bin, withOurAgent(t, bins), "grpc", "GRPC", 4)
+}
+
+func scEgressHTTPConnectOurAgent(t *testing.T, k *kubeFixture, impl, bin string, bins binaries, sh *kubeShared) {
+	scEgress(t, impl, bin, withOurAgent(t, bins), "http-connect", "HTTPConnect", 5)
+}
+
 // netnsHost is a network namespace with a veth pair to the host.
 type netnsHost struct{ ns, hostIf, hostAddr, nsAddr string }
 

@@ -691,6 +691,8 @@ func TestKube(t *testing.T) {
 		{"metrics_same_state", false, scMetricsSameState},            // metrics_test.go
 		{"egress_selector_grpc", false, scEgressGRPC},                // kube_egress_test.go
 		{"egress_selector_http_connect", false, scEgressHTTPConnect}, // kube_egress_test.go
+		{"egress_selector_grpc_our_agent", false, scEgressGRPCOurAgent},
+		{"egress_selector_http_connect_our_agent", false, scEgressHTTPConnectOurAgent},
 	}
 	for _, sc := range scs {
 		t.Run(sc.name, func(t *testing.T) {
