@@ -1,9 +1,9 @@
 //! One tunnel at the agent: the TCP connection to its destination, the queue toward it, and
-//! the task that moves bytes both ways and, however the tunnel ends, closes it once.
+//! the task that moves bytes both ways until the tunnel ends (its stream then closes it).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::QueueClose;
 use super::queue::EndpointQueue;
-use super::stream::ServerStream;
+use super::uplink::Uplink;
 use crate::wire;
 
 /// Each read from a destination takes at most this much (upstream reads 4 KiB; a larger
@@ -36,7 +36,7 @@ pub enum End {
 }
 
 impl End {
-    fn reason(&self) -> String {
+    pub fn reason(&self) -> String {
         match self {
             End::Requested => "closed by the server".into(),
             End::RemoteEof => "destination closed".into(),
@@ -48,7 +48,7 @@ impl End {
     }
 
     /// The CLOSE_RSP error the server (and so its frontend) is given.
-    fn wire_error(&self) -> &'static str {
+    pub fn wire_error(&self) -> &'static str {
         match self {
             End::Refused(QueueClose::Overflow) => wire::ENDPOINT_QUEUE_OVERFLOW,
             End::Refused(QueueClose::Stall) => wire::ENDPOINT_WRITE_STALLED,
@@ -68,7 +68,6 @@ pub struct Endpoint {
     cancel: CancellationToken,
     /// Why, when cancelled from outside.
     cause: Mutex<Option<End>>,
-    finished: AtomicBool,
     bytes_to_destination: AtomicU64,
     bytes_from_destination: AtomicU64,
 }
@@ -89,7 +88,6 @@ impl Endpoint {
             started: Instant::now(),
             cancel,
             cause: Mutex::new(None),
-            finished: AtomicBool::new(false),
             bytes_to_destination: AtomicU64::new(0),
             bytes_from_destination: AtomicU64::new(0),
         }
@@ -109,6 +107,18 @@ impl Endpoint {
             .fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
+    /// Bytes written toward the destination, and read from it.
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.bytes_to_destination.load(Ordering::Relaxed),
+            self.bytes_from_destination.load(Ordering::Relaxed),
+        )
+    }
+
+    pub fn age(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     fn outside_cause(&self) -> End {
         self.cause
             .lock()
@@ -117,10 +127,10 @@ impl Endpoint {
             .unwrap_or(End::StreamGone)
     }
 
-    /// Moves bytes both ways until the tunnel ends, then closes it.
-    pub async fn run(self: Arc<Self>, tcp: TcpStream, stream: Arc<ServerStream>) {
+    /// Moves bytes both ways until the tunnel ends; a write that makes no progress for
+    /// `stall` ends it. Returns why it ended.
+    pub async fn run(&self, tcp: TcpStream, uplink: &Uplink, stall: Duration) -> End {
         let (read, mut write) = tcp.into_split();
-        let stall = self.queue_stall(&stream);
         let writer = async {
             loop {
                 let Some(chunk) = self.queue.next().await else {
@@ -163,7 +173,7 @@ impl Endpoint {
                         } else {
                             buf.freeze()
                         };
-                        if !stream.send(wire::data(self.connect_id, data)).await {
+                        if !uplink.send(wire::data(self.connect_id, data)).await {
                             return End::StreamGone;
                         }
                     }
@@ -172,79 +182,10 @@ impl Endpoint {
                 }
             }
         };
-        let end = tokio::select! {
+        tokio::select! {
             end = writer => end,
             end = reader => end,
             _ = self.cancel.cancelled() => self.outside_cause(),
-        };
-        self.finish(&stream, end).await;
-    }
-
-    fn queue_stall(&self, stream: &ServerStream) -> std::time::Duration {
-        stream.queue_limits().stall
-    }
-
-    /// Closes the tunnel once: out of its stream's table, its queue emptied, CLOSE_RSP sent.
-    pub async fn finish(&self, stream: &ServerStream, end: End) {
-        if self.finished.swap(true, Ordering::AcqRel) {
-            return;
         }
-        stream.remove(self.connect_id);
-        self.queue.close();
-        match &end {
-            End::RemoteEof => {
-                tracing::info!(
-                    v = 2,
-                    connectionID = self.connect_id,
-                    "remote connection EOF"
-                )
-            }
-            End::ReadFailed(e) => {
-                tracing::error!(error = %e, connectionID = self.connect_id, "connection read failure")
-            }
-            End::WriteFailed(e) => {
-                tracing::error!(error = %e, connectionID = self.connect_id, "conn write failure")
-            }
-            End::Refused(why) => {
-                stream.metrics().queue_closed(*why);
-                tracing::warn!(
-                    connectionID = self.connect_id,
-                    dialAddress = %self.address,
-                    queuedBytes = self.queue.queued(),
-                    reason = why.label(),
-                    "closing a tunnel whose destination does not keep up"
-                );
-            }
-            End::Requested | End::StreamGone => {}
-        }
-        if !matches!(end, End::StreamGone)
-            && !stream
-                .send(wire::close_response(self.connect_id, end.wire_error()))
-                .await
-        {
-            tracing::debug!(
-                connectionID = self.connect_id,
-                dialID = self.dial_id,
-                "close response failure"
-            );
-        }
-        tracing::info!(
-            v = 4,
-            dialID = self.dial_id,
-            connectionID = self.connect_id,
-            dialAddress = %self.address,
-            "close connection"
-        );
-        tracing::info!(
-            v = 2,
-            serverID = %stream.server_id,
-            dialAddress = %self.address,
-            connectionID = self.connect_id,
-            bytesToDestination = self.bytes_to_destination.load(Ordering::Relaxed),
-            bytesFromDestination = self.bytes_from_destination.load(Ordering::Relaxed),
-            duration = %crate::gofmt::GoDuration(self.started.elapsed()),
-            reason = %end.reason(),
-            "Tunnel closed"
-        );
     }
 }

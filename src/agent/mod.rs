@@ -21,6 +21,7 @@ mod queue;
 pub mod service;
 mod state;
 mod stream;
+mod uplink;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::{ArgAction, Parser};
 use serde::{Deserialize, Serialize};
 
-use crate::config::flags::{any_path, go_bool, go_int, go_level, go_uint, level};
+use crate::config::goflag::{any_path, go_bool, go_int, go_level, go_uint, level};
 use crate::config::GoDuration;
 
 /// A drop-in replacement for the Konnectivity proxy-agent.
@@ -88,7 +88,7 @@ pub struct AgentOptions {
     /// distinguish between network proxy and apiserver connections that share the same
     /// destination address.
     #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
-    #[serde(deserialize_with = "crate::config::layers::comma_list")]
+    #[serde(deserialize_with = "crate::config::goflag::comma_list")]
     pub alpn_proto: Vec<String>,
     /// If non-empty proxy agent uses this token to prove its identity to the proxy server.
     #[arg(long, default_value = "")]

@@ -11,12 +11,12 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 
-use super::config::QueueLimits;
 use super::dialer;
 use super::endpoint::{End, Endpoint};
 use super::metrics::{AgentMetrics, DialFailureReason};
 use super::queue::{Delivery, EndpointQueue};
 use super::state::AgentState;
+use super::uplink::Uplink;
 use crate::proto::packet::Payload;
 use crate::proto::{Data, DialRequest, Packet, PacketType};
 use crate::wire;
@@ -35,7 +35,7 @@ pub enum StreamEnd {
 pub struct ServerStream {
     pub server_id: String,
     state: Arc<AgentState>,
-    outbound: mpsc::Sender<Packet>,
+    uplink: Uplink,
     tunnels: Mutex<HashMap<i64, Arc<Endpoint>>>,
     /// Connection ids, per stream, from 1, taken when a DIAL_REQ arrives (as upstream).
     next_id: AtomicI64,
@@ -53,8 +53,8 @@ impl ServerStream {
         let cancel = state.stop.child_token();
         Arc::new(ServerStream {
             server_id,
+            uplink: Uplink::new(outbound, cancel.clone(), state.metrics.clone()),
             state,
-            outbound,
             tunnels: Mutex::new(HashMap::new()),
             next_id: AtomicI64::new(1),
             cancel,
@@ -71,29 +71,19 @@ impl ServerStream {
         self.tunnels().len()
     }
 
-    pub fn metrics(&self) -> &AgentMetrics {
+    fn metrics(&self) -> &AgentMetrics {
         &self.state.metrics
-    }
-
-    pub fn queue_limits(&self) -> QueueLimits {
-        self.state.snapshot().config.queue
     }
 
     /// Sends a packet toward the server, waiting for room; false once the stream is gone.
     pub async fn send(&self, packet: Packet) -> bool {
-        self.state.metrics.packet("from_agent", packet.r#type);
-        tokio::select! {
-            biased;
-            sent = self.outbound.send(packet) => sent.is_ok(),
-            _ = self.cancel.cancelled() => false,
-        }
+        self.uplink.send(packet).await
     }
 
     /// A reply the receive loop sends without waiting: when the stream toward the server is
     /// full, the reply is dropped (and counted) rather than stopping the loop.
     fn reply(&self, packet: Packet) {
-        self.state.metrics.packet("from_agent", packet.r#type);
-        if self.outbound.try_send(packet).is_err() {
+        if !self.uplink.try_send(packet) {
             self.violation(
                 "reply_dropped",
                 "dropped a reply: the stream toward the server is full",
@@ -102,10 +92,70 @@ impl ServerStream {
     }
 
     /// Removes a tunnel from the table, once.
-    pub fn remove(&self, connect_id: i64) {
+    fn remove(&self, connect_id: i64) {
         if self.tunnels().remove(&connect_id).is_some() {
             self.state.metrics.endpoint_closed();
         }
+    }
+
+    /// Closes a tunnel that ended: out of the table (so later DATA for it is refused), its
+    /// queue emptied, CLOSE_RSP to the server, the access line.
+    async fn finish(&self, endpoint: &Endpoint, end: End) {
+        let connect_id = endpoint.connect_id;
+        self.remove(connect_id);
+        endpoint.queue.close();
+        match &end {
+            End::RemoteEof => {
+                tracing::info!(v = 2, connectionID = connect_id, "remote connection EOF")
+            }
+            End::ReadFailed(e) => {
+                tracing::error!(error = %e, connectionID = connect_id, "connection read failure")
+            }
+            End::WriteFailed(e) => {
+                tracing::error!(error = %e, connectionID = connect_id, "conn write failure")
+            }
+            End::Refused(why) => {
+                self.metrics().queue_closed(*why);
+                tracing::warn!(
+                    connectionID = connect_id,
+                    dialAddress = %endpoint.address,
+                    queuedBytes = endpoint.queue.queued(),
+                    reason = why.label(),
+                    "closing a tunnel whose destination does not keep up"
+                );
+            }
+            End::Requested | End::StreamGone => {}
+        }
+        if !matches!(end, End::StreamGone)
+            && !self
+                .send(wire::close_response(connect_id, end.wire_error()))
+                .await
+        {
+            tracing::debug!(
+                connectionID = connect_id,
+                dialID = endpoint.dial_id,
+                "close response failure"
+            );
+        }
+        tracing::info!(
+            v = 4,
+            dialID = endpoint.dial_id,
+            connectionID = connect_id,
+            dialAddress = %endpoint.address,
+            "close connection"
+        );
+        let (to_destination, from_destination) = endpoint.bytes();
+        tracing::info!(
+            v = 2,
+            serverID = %self.server_id,
+            dialAddress = %endpoint.address,
+            connectionID = connect_id,
+            bytesToDestination = to_destination,
+            bytesFromDestination = from_destination,
+            duration = %crate::gofmt::GoDuration(endpoint.age()),
+            reason = %end.reason(),
+            "Tunnel closed"
+        );
     }
 
     /// Sends DRAIN once: the server stops picking this agent for new dials.
@@ -290,10 +340,13 @@ impl ServerStream {
             .await
         {
             tracing::error!(dialID = request.random, connectionID = connect_id, dialAddress = %endpoint.address, "could not send DIAL_RSP");
-            endpoint.finish(&self, End::StreamGone).await;
+            self.finish(&endpoint, End::StreamGone).await;
             return;
         }
-        endpoint.run(tcp, self).await;
+        let end = endpoint
+            .run(tcp, &self.uplink, snapshot.config.queue.stall)
+            .await;
+        self.finish(&endpoint, end).await;
     }
 
     async fn data(&self, data: Data) {

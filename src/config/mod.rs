@@ -2,7 +2,9 @@
 //! upstream's order, and the typed, immutable [`Config`] the server runs on.
 
 mod duration;
-pub(crate) mod flags;
+mod flags;
+pub mod goflag;
+mod layered;
 pub mod layers;
 
 use std::collections::BTreeMap;
@@ -12,7 +14,8 @@ use std::time::Duration;
 
 pub use duration::{GoDuration, ParseDurationError};
 pub use flags::Options;
-pub use layers::{CommandLine, ConfigError, Layered};
+pub use layered::Layered;
+pub use layers::{CommandLine, ConfigError};
 
 /// The frontend protocol (`--mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
