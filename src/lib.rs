@@ -35,6 +35,7 @@ mod state;
 pub mod agent;
 
 // Wiring and process lifecycle.
+pub mod cli;
 pub mod dev;
 pub mod lifecycle;
 mod listen;

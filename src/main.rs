@@ -1,45 +1,18 @@
 use std::process::ExitCode;
 
-use konnectivity_server::config::{layers, CommandLine, Config, Options};
+use konnectivity_server::cli::{self, fail};
+use konnectivity_server::config::{layers, Config, Options};
 use konnectivity_server::{dev, lifecycle, logging, Inherited, Listeners, Snapshot};
 
-/// Prints `message` and returns upstream's exit code for a bad start.
-fn fail(message: impl std::fmt::Display) -> ExitCode {
-    // The log lines before it come first.
-    logging::finish();
-    eprintln!("Error: {message}");
-    ExitCode::from(1)
-}
-
-/// Writes out the log lines the writer thread still holds when `main` ends, by a return or
-/// by a panic unwinding through it.
-struct FinishLogs;
-
-impl Drop for FinishLogs {
-    fn drop(&mut self) {
-        logging::finish();
-    }
-}
-
 fn main() -> ExitCode {
-    let _finish_logs = FinishLogs;
+    let _finish_logs = cli::FinishLogs;
     start()
 }
 
 fn start() -> ExitCode {
-    let cli = match CommandLine::parse(std::env::args_os()) {
+    let cli = match cli::parse::<Options>() {
         Ok(cli) => cli,
-        Err(e) => {
-            // Help and version go to stdout with 0; bad flags exit 1 with cobra's
-            // `Error: ...` first line, as upstream.
-            if !e.use_stderr() {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
-            }
-            let text = e.to_string();
-            eprint!("Error: {}", text.strip_prefix("error: ").unwrap_or(&text));
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     let mut options = match layers::load(&cli) {
         Ok(options) => options,
@@ -72,7 +45,7 @@ fn start() -> ExitCode {
         tracing::warn!("--warn-on-channel-limit is deprecated and has no effect");
     }
     if let Some(path) = options.write_config_to.clone() {
-        return write_config(&options, &path);
+        return cli::write_config(&options, &path);
     }
     let dev_setup = if options.dev {
         match dev::apply(&mut options) {
@@ -115,35 +88,10 @@ fn start() -> ExitCode {
     }
 }
 
-fn write_config(options: &Options, path: &std::path::Path) -> ExitCode {
-    let text = layers::to_toml(options);
-    let written = if path.as_os_str() == "-" {
-        print!("{text}");
-        Ok(())
-    } else {
-        std::fs::write(path, text)
-    };
-    match written {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(format_args!("writing {}: {e}", path.display())),
-    }
-}
-
 /// One line and an exit code, for systemd's ExecStartPre and ExecReload.
 fn check_config(config: Config, options: &Options) -> ExitCode {
-    let source = options
-        .config
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "no config file".into());
-    match Snapshot::build(config) {
-        Ok(_) => {
-            println!("configuration OK ({source})");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            println!("configuration invalid ({source}): {e}");
-            ExitCode::from(1)
-        }
-    }
+    let built = Snapshot::build(config)
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    cli::check_result(options.config.as_deref(), built)
 }

@@ -3,44 +3,21 @@
 use std::process::ExitCode;
 
 use konnectivity_server::agent::{self, AgentConfig, AgentListeners, AgentOptions, Snapshot};
-use konnectivity_server::config::{layers, CommandLine, LogFormat};
+use konnectivity_server::cli::{self, fail};
+use konnectivity_server::config::{layers, LogFormat};
 use konnectivity_server::{lifecycle, logging};
 
 const PROGRAM: &str = "konnectivity-agent";
 
-/// Prints `message` and returns upstream's exit code for a bad start.
-fn fail(message: impl std::fmt::Display) -> ExitCode {
-    logging::finish();
-    eprintln!("Error: {message}");
-    ExitCode::from(1)
-}
-
-/// Writes out the log lines the writer thread still holds when `main` ends.
-struct FinishLogs;
-
-impl Drop for FinishLogs {
-    fn drop(&mut self) {
-        logging::finish();
-    }
-}
-
 fn main() -> ExitCode {
-    let _finish_logs = FinishLogs;
+    let _finish_logs = cli::FinishLogs;
     start()
 }
 
 fn start() -> ExitCode {
-    let cli = match CommandLine::<AgentOptions>::parse_as(std::env::args_os()) {
+    let cli = match cli::parse::<AgentOptions>() {
         Ok(cli) => cli,
-        Err(e) => {
-            if !e.use_stderr() {
-                let _ = e.print();
-                return ExitCode::SUCCESS;
-            }
-            let text = e.to_string();
-            eprint!("Error: {}", text.strip_prefix("error: ").unwrap_or(&text));
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     let mut options = match layers::load(&cli) {
         Ok(options) => options,
@@ -64,17 +41,7 @@ fn start() -> ExitCode {
         tracing::warn!("{warning}");
     }
     if let Some(path) = options.write_config_to.clone() {
-        let text = layers::to_toml(&options);
-        let written = if path.as_os_str() == "-" {
-            print!("{text}");
-            Ok(())
-        } else {
-            std::fs::write(&path, text)
-        };
-        return match written {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => fail(format_args!("writing {}: {e}", path.display())),
-        };
+        return cli::write_config(&options, &path);
     }
     if options.dev {
         if let Err(e) = agent::dev::apply(&mut options) {
@@ -85,31 +52,22 @@ fn start() -> ExitCode {
         Ok(config) => config,
         Err(e) => return fail(format_args!("failed to validate agent options with {e}")),
     };
-    let source = options
-        .config
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "no config file".into());
     let snapshot = match Snapshot::build(config) {
         Ok(snapshot) => snapshot,
         Err(e) if options.check_config => {
-            println!("configuration invalid ({source}): {e}");
-            return ExitCode::from(1);
+            return cli::check_result(options.config.as_deref(), Err(e.to_string()))
         }
         Err(e) => return fail(format_args!("failed to run proxy connection with {e}")),
     };
     if options.check_config {
-        if let Some(path) = snapshot.config.token_path() {
-            if let Err(e) = std::fs::read(path) {
-                println!(
-                    "configuration invalid ({source}): cannot read the token file {}: {e}",
-                    path.display()
-                );
-                return ExitCode::from(1);
-            }
-        }
-        println!("configuration OK ({source})");
-        return ExitCode::SUCCESS;
+        // The token is read at every connection attempt: it must be readable now.
+        let token = match snapshot.config.token_path() {
+            Some(path) => std::fs::read(path)
+                .map(|_| ())
+                .map_err(|e| format!("cannot read the token file {}: {e}", path.display())),
+            None => Ok(()),
+        };
+        return cli::check_result(options.config.as_deref(), token);
     }
     if snapshot.config.admin_addr.ip().is_unspecified() && snapshot.config.enable_profiling {
         tracing::warn!(admin = %snapshot.config.admin_addr, "profiling is exposed on every interface: --admin-bind-address is empty");
