@@ -42,7 +42,7 @@ while [[ $# -gt 0 ]]; do
     --agent-binary=*) BINARY[konnectivity-agent]="$(realpath "${1#*=}")"; NO_BUILD=1 ;;
     --out) OUT="$2"; shift ;;
     --out=*) OUT="${1#*=}" ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     -*) echo "build.sh: unknown option $1" >&2; exit 2 ;;
     *) VERSION="$1" ;;
   esac
