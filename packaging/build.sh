@@ -1,34 +1,48 @@
 #!/usr/bin/env bash
-# Builds the release binary and the .deb and .rpm packages into target/packages/.
+# Builds the release binaries and the .deb and .rpm packages of konnectivity-server and
+# konnectivity-agent into target/packages/.
 #
 #   packaging/build.sh [options] [VERSION]
 #
-#   VERSION           override the package version (default: Cargo.toml's). The .deb gets
-#                     VERSION-1, the .rpm VERSION-1. Used for the N -> N+1 upgrade test.
-#   --deb-only        build only the .deb (e.g. the N+1 package for the upgrade test)
-#   --no-build        do not run cargo build; package the existing target/release binary
-#   --binary PATH     package PATH instead of target/release/konnectivity-server (implies
-#                     --no-build; development only, e.g. target/debug/konnectivity-server)
-#   --out DIR         output directory (default: <crate>/target/packages)
+#   VERSION             override the package version (default: Cargo.toml's). The .deb gets
+#                       VERSION-1, the .rpm VERSION-1. Used for the N -> N+1 upgrade test.
+#   --deb-only          build only the .debs (e.g. the N+1 packages for the upgrade test)
+#   --no-build          do not run cargo build; package the existing release binaries in the
+#                       target dir (the build CI ran before: `cargo build --release --bins`)
+#   --target-dir DIR    where the release binaries are (DIR/release/...; default: cargo's
+#                       target dir, which honours CARGO_TARGET_DIR)
+#   --binary PATH       package PATH instead of <target-dir>/release/konnectivity-server
+#   --agent-binary PATH package PATH instead of <target-dir>/release/konnectivity-agent
+#                       (either implies --no-build; development only, e.g. target/debug/...)
+#   --out DIR           output directory (default: <crate>/target/packages)
 #
+# The maintainer scripts are templates shared by both packages (packaging/deb/*,
+# packaging/rpm/*.sh); the #@PACKAGE_VARS@ line of each is replaced with
+# packaging/vars/<package>, into target/packaging-scripts/<package>/ (crate-relative, where
+# Cargo.toml's package.metadata points).
 # Tools: cargo-deb and cargo-generate-rpm are installed with `cargo install --locked` only if
 # `command -v` does not find them; `rpm` (for packaging/inspect.sh) from apt only if missing.
-# The last stdout lines are the package paths.
+# The last stdout lines are the package paths (server .deb, agent .deb, server .rpm, agent .rpm).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-VERSION="" DEB_ONLY=0 NO_BUILD=0 BINARY="" OUT="$ROOT/target/packages"
+VERSION="" DEB_ONLY=0 NO_BUILD=0 OUT="$ROOT/target/packages" TARGET_DIR=""
+declare -A BINARY=([konnectivity-server]="" [konnectivity-agent]="")
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --deb-only) DEB_ONLY=1 ;;
     --no-build) NO_BUILD=1 ;;
-    --binary) BINARY="$(realpath "$2")"; NO_BUILD=1; shift ;;
-    --binary=*) BINARY="$(realpath "${1#*=}")"; NO_BUILD=1 ;;
+    --target-dir) TARGET_DIR="$(realpath "$2")"; shift ;;
+    --target-dir=*) TARGET_DIR="$(realpath "${1#*=}")" ;;
+    --binary) BINARY[konnectivity-server]="$(realpath "$2")"; NO_BUILD=1; shift ;;
+    --binary=*) BINARY[konnectivity-server]="$(realpath "${1#*=}")"; NO_BUILD=1 ;;
+    --agent-binary) BINARY[konnectivity-agent]="$(realpath "$2")"; NO_BUILD=1; shift ;;
+    --agent-binary=*) BINARY[konnectivity-agent]="$(realpath "${1#*=}")"; NO_BUILD=1 ;;
     --out) OUT="$2"; shift ;;
     --out=*) OUT="${1#*=}" ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     -*) echo "build.sh: unknown option $1" >&2; exit 2 ;;
     *) VERSION="$1" ;;
   esac
@@ -45,18 +59,50 @@ DEB_VERSION="${VERSION}-1"
 ARCH_DEB="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
 mkdir -p "$OUT"
 
+PACKAGES=(konnectivity-server konnectivity-agent)
+# The tools' variant for each package (Cargo.toml: the base tables, and variants.agent).
+declare -A VARIANT=([konnectivity-server]="" [konnectivity-agent]="agent")
+DEB_SCRIPTS=(postinst prerm postrm)
+RPM_SCRIPTS=(pre.sh post.sh preun.sh postun.sh)
+
 # Everything the packages ship must exist (assets are listed in Cargo.toml).
 missing=0
-for f in README.md CHANGELOG.md config/server.toml config/server.toml.deploy \
+for f in README.md CHANGELOG.md packaging/README.md \
+         config/server.toml config/server.toml.deploy \
          systemd/konnectivity-server.service systemd/konnectivity-server.socket \
          systemd/konnectivity-server.sysusers \
          systemd/konnectivity-server.service.d/10-notify-reload.conf \
-         packaging/default/konnectivity-server packaging/README.md \
-         packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm \
-         packaging/rpm/pre.sh packaging/rpm/post.sh packaging/rpm/preun.sh packaging/rpm/postun.sh; do
+         packaging/default/konnectivity-server packaging/vars/konnectivity-server \
+         config/agent.toml config/agent.toml.deploy \
+         systemd/konnectivity-agent.service systemd/konnectivity-agent.sysusers \
+         packaging/default/konnectivity-agent packaging/vars/konnectivity-agent \
+         "${DEB_SCRIPTS[@]/#/packaging/deb/}" "${RPM_SCRIPTS[@]/#/packaging/rpm/}"; do
   [[ -f "$f" ]] || { log "missing $f (a package asset)"; missing=1; }
 done
 [[ $missing -eq 0 ]] || exit 1
+
+# --- maintainer scripts: the shared templates with each package's variables -----------------
+SCRIPTS="$ROOT/target/packaging-scripts"
+render() { # <template> <vars file> <output>
+  grep -qx '#@PACKAGE_VARS@' "$1" || { log "$1 has no #@PACKAGE_VARS@ line"; return 1; }
+  sed -e "/^#@PACKAGE_VARS@\$/{r $2" -e 'd;}' "$1" >"$3"
+  chmod 0755 "$3"
+  sh -n "$3" || { log "$3: syntax error"; return 1; }
+}
+for pkg in "${PACKAGES[@]}"; do
+  vars="packaging/vars/$pkg"
+  # The scripts' user must be the one systemd/$pkg.sysusers declares (the .rpm %pre and the
+  # .deb fallbacks create it without that file).
+  want="$(grep -v '^#' "systemd/$pkg.sysusers" | grep .)"
+  # shellcheck disable=SC1090
+  got="$(. "./$vars"; echo "u $USER - \"$DESCRIPTION\" /var/lib/$PKG -"; [[ "$PKG" == "$pkg" ]] || echo "PKG=$PKG")"
+  [[ "$got" == "$want" ]] || { log "$vars does not match systemd/$pkg.sysusers: '$got' vs '$want'"; exit 1; }
+  rm -rf "${SCRIPTS:?}/$pkg"; mkdir -p "$SCRIPTS/$pkg/deb" "$SCRIPTS/$pkg/rpm"
+  # The assignments only (the comments stay in packaging/vars/).
+  { echo "# from packaging/vars/$pkg"; grep -v '^[[:space:]]*#' "$vars" | grep .; } >"$SCRIPTS/$pkg/vars"
+  for s in "${DEB_SCRIPTS[@]}"; do render "packaging/deb/$s" "$SCRIPTS/$pkg/vars" "$SCRIPTS/$pkg/deb/$s" || exit 1; done
+  for s in "${RPM_SCRIPTS[@]}"; do render "packaging/rpm/$s" "$SCRIPTS/$pkg/vars" "$SCRIPTS/$pkg/rpm/$s" || exit 1; done
+done
 
 # --- tools, only when missing ---------------------------------------------------------------
 T=$(now)
@@ -72,46 +118,63 @@ if [[ $DEB_ONLY -eq 0 ]] && ! command -v rpm >/dev/null 2>&1; then
 fi
 log "tools ready ($(since "$T")): $(cargo deb --version 2>/dev/null)$( [[ $DEB_ONLY -eq 1 ]] || echo ", $(cargo generate-rpm --version 2>/dev/null)")"
 
-# --- binary -----------------------------------------------------------------------------------
-TARGET_DIR="$(cargo metadata --no-deps --format-version 1 | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
-if [[ -z "$BINARY" ]]; then
-  if [[ $NO_BUILD -eq 0 ]]; then
-    T=$(now)
-    log "cargo build --release --bin konnectivity-server"
-    cargo build --release --bin konnectivity-server >&2
-    log "release build done ($(since "$T"))"
-  fi
-  BINARY="$TARGET_DIR/release/konnectivity-server"
-else
-  log "packaging $BINARY (development: not a release build)"
+# --- binaries ---------------------------------------------------------------------------------
+if [[ -z "$TARGET_DIR" ]]; then
+  TARGET_DIR="$(cargo metadata --no-deps --format-version 1 | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')"
 fi
-[[ -x "$BINARY" ]] || { log "no binary at $BINARY"; exit 1; }
-# Both packagers read <target-dir>/release/konnectivity-server. Stage a stripped copy there
+if [[ $NO_BUILD -eq 0 ]]; then
+  T=$(now)
+  # The same command as CI's (.ci/run), so either one leaves nothing for the other to build.
+  log "cargo build --release --bins (target dir $TARGET_DIR)"
+  CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --bins >&2
+  log "release build done ($(since "$T"))"
+fi
+# Both packagers read <target-dir>/release/<binary>. Stage stripped copies there
 # (cargo-generate-rpm does not strip; the build output and the release profile stay untouched).
 STAGE="$OUT/.stage"
 rm -rf "$STAGE"; mkdir -p "$STAGE/release"
-strip --strip-unneeded -o "$STAGE/release/konnectivity-server" "$BINARY"
 trap 'rm -rf "$STAGE"' EXIT
+for pkg in "${PACKAGES[@]}"; do
+  bin="${BINARY[$pkg]}"
+  if [[ -z "$bin" ]]; then bin="$TARGET_DIR/release/$pkg"
+  else log "packaging $bin (development: not a release build)"; fi
+  [[ -x "$bin" ]] || { log "no binary at $bin"; exit 1; }
+  strip --strip-unneeded -o "$STAGE/release/$pkg" "$bin"
+done
 
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null || date +%s)}"
 
-# --- .deb -------------------------------------------------------------------------------------
-T=$(now)
-DEB="$OUT/konnectivity-server_${DEB_VERSION}_${ARCH_DEB}.deb"
-CARGO_TARGET_DIR="$STAGE" cargo deb --no-build --deb-version "$DEB_VERSION" -o "$DEB" >/dev/null
-log "deb built ($(since "$T")): $DEB $(stat -c %s "$DEB") bytes"
-OUTPUTS=("$DEB")
-
-# --- .rpm -------------------------------------------------------------------------------------
-if [[ $DEB_ONLY -eq 0 ]]; then
-  T=$(now)
-  RPM_DIR="$OUT/.rpm.$$"; mkdir -p "$RPM_DIR"
-  cargo generate-rpm --target-dir "$STAGE" -s "version = \"$VERSION\"" -o "$RPM_DIR/" >/dev/null
+# --- packages: the two packages side by side (xz/zstd compress on one core each) ------------
+build_deb() { # <package>
+  local pkg="$1" T DEB; T=$(now)
+  DEB="$OUT/${pkg}_${DEB_VERSION}_${ARCH_DEB}.deb"
+  CARGO_TARGET_DIR="$STAGE" cargo deb --no-build ${VARIANT[$pkg]:+--variant="${VARIANT[$pkg]}"} \
+    --deb-version "$DEB_VERSION" -o "$DEB" >/dev/null || return 1
+  [[ "$(dpkg-deb -f "$DEB" Package)" == "$pkg" ]] || { log "$DEB is not package $pkg"; return 1; }
+  log "deb built ($(since "$T")): $DEB $(stat -c %s "$DEB") bytes"
+}
+build_rpm() { # <package>
+  local pkg="$1" T RPM_DIR RPM_FILE RPM; T=$(now)
+  RPM_DIR="$OUT/.rpm.$pkg.$$"; rm -rf "$RPM_DIR"; mkdir -p "$RPM_DIR"
+  cargo generate-rpm --target-dir "$STAGE" ${VARIANT[$pkg]:+--variant="${VARIANT[$pkg]}"} \
+    -s "version = \"$VERSION\"" -o "$RPM_DIR/" >/dev/null || return 1
   RPM_FILE="$(ls "$RPM_DIR"/*.rpm)"
   RPM="$OUT/$(basename "$RPM_FILE")"
+  [[ "$(basename "$RPM")" == "$pkg-$VERSION-"* ]] || { log "$RPM_FILE is not package $pkg"; return 1; }
   mv -f "$RPM_FILE" "$RPM"; rmdir "$RPM_DIR"
+  echo "$RPM" >"$STAGE/$pkg.rpm-path"
   log "rpm built ($(since "$T")): $RPM $(stat -c %s "$RPM") bytes"
-  OUTPUTS+=("$RPM")
-fi
+}
+OUTPUTS=()
+for kind in deb rpm; do
+  [[ $kind == rpm && $DEB_ONLY -eq 1 ]] && continue
+  pids=()
+  for pkg in "${PACKAGES[@]}"; do "build_$kind" "$pkg" & pids+=($!); done
+  for p in "${pids[@]}"; do wait "$p" || { log "a .$kind build failed"; exit 1; }; done
+  for pkg in "${PACKAGES[@]}"; do
+    if [[ $kind == deb ]]; then OUTPUTS+=("$OUT/${pkg}_${DEB_VERSION}_${ARCH_DEB}.deb")
+    else OUTPUTS+=("$(cat "$STAGE/$pkg.rpm-path")"); fi
+  done
+done
 
 printf '%s\n' "${OUTPUTS[@]}"

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# The real-systemd stage: boots Debian 12 (systemd 252) with systemd-nspawn, installs the .deb
-# and drives the service with systemctl/journalctl. Run it on its own (the container shares
-# the host's network namespace; the server inside listens on random ports in 20000-29999).
+# The real-systemd stage: boots Debian 12 (systemd 252) with systemd-nspawn, installs the
+# konnectivity-server and konnectivity-agent .debs and drives both services with
+# systemctl/journalctl. Run it on its own (the container shares the host's network namespace;
+# the server and the agent inside listen on random ports in 20000-29999).
 #
-#   packaging/nspawn-test.sh [DEB_N [DEB_N1]]
+#   packaging/nspawn-test.sh [DEB_N [DEB_N1 [AGENT_DEB_N [AGENT_DEB_N1]]]]
 #
-#   DEB_N    package under test (default: target/packages/konnectivity-server_<ver>-1_<arch>.deb,
-#            built with packaging/build.sh if missing)
-#   DEB_N1   a higher version for the upgrade test (default: DEB_N's payload repacked as version
-#            <ver>+nspawn1-1 if missing; `packaging/build.sh --deb-only VERSION` builds a real one)
+#   DEB_N         server package under test (default:
+#                 target/packages/konnectivity-server_<ver>-1_<arch>.deb; both packages are
+#                 built with packaging/build.sh if either is missing)
+#   DEB_N1        a higher version for the upgrade test (default: DEB_N's payload repacked as
+#                 version <ver>+nspawn1-1; `packaging/build.sh --deb-only VERSION` builds a real one)
+#   AGENT_DEB_N   agent package under test (default: target/packages/konnectivity-agent_<ver>-1_<arch>.deb)
+#   AGENT_DEB_N1  its higher version (default: AGENT_DEB_N repacked as <ver>+nspawn1-1)
+#
+# Our agent runs in the container as the packaged service, beside an upstream agent on the
+# host (with INTEROP_BIN_DIR): the server routes with destHost, so tunnels to 127.0.0.1 go
+# through the upstream agent (ipv4=127.0.0.1) and tunnels to localhost through ours
+# (host=localhost; it resolves the name with the container's /etc/hosts).
 #
 # Environment:
 #   INTEROP_BIN_DIR   directory with upstream proxy-agent, http-test-server, proxy-test-client
@@ -28,6 +37,7 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 UNIT=konnectivity-server.service
+AUNIT=konnectivity-agent.service
 SUITE=bookworm
 # Packages in the rootfs (the cache key is derived from this list).
 PKGS=(systemd systemd-sysv dbus procps)
@@ -72,13 +82,18 @@ ARCH="$(dpkg --print-architecture)"
 DEB_N="${1:-$ROOT/target/packages/konnectivity-server_${VERSION}-1_${ARCH}.deb}"
 NEXT_VERSION="${VERSION}+nspawn1"
 DEB_N1="${2:-}"
-if [[ ! -f "$DEB_N" ]]; then
+ADEB_N="${3:-$ROOT/target/packages/konnectivity-agent_${VERSION}-1_${ARCH}.deb}"
+ADEB_N1="${4:-}"
+if [[ ! -f "$DEB_N" || ! -f "$ADEB_N" ]]; then
   step_begin "build packages (packaging/build.sh)"
   "$ROOT/packaging/build.sh" >/dev/null || die "packaging/build.sh failed"
   step_end
 fi
 DEB_N_VER="$(dpkg-deb -f "$DEB_N" Version)" || die "not a .deb: $DEB_N"
+ADEB_N_VER="$(dpkg-deb -f "$ADEB_N" Version)" || die "not a .deb: $ADEB_N"
+[[ "$(dpkg-deb -f "$ADEB_N" Package)" == konnectivity-agent ]] || die "$ADEB_N is not the konnectivity-agent package"
 log "package N: $DEB_N ($DEB_N_VER, $(stat -c %s "$DEB_N") bytes)"
+log "agent package N: $ADEB_N ($ADEB_N_VER, $(stat -c %s "$ADEB_N") bytes)"
 
 # ------------------------------------------------------------------------------ rootfs ------
 MIRROR="${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\([^ ]*\).*/\1/p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)}"
@@ -165,20 +180,34 @@ else
 fi
 step_end
 
-if [[ -z "$DEB_N1" ]]; then
-  # N+1: DEB_N's payload under a higher version (tests the upgrade path, not new code). Rebuilt
-  # every run so it can never be stale.
-  step_begin "N+1 .deb: repack as ${NEXT_VERSION}-1"
-  DEB_N1="$SCRATCH/konnectivity-server_${NEXT_VERSION}-1_${ARCH}.deb"
-  dpkg-deb -R "$DEB_N" "$SCRATCH/n1" || die "dpkg-deb -R $DEB_N"
-  sed -i "s/^Version: .*/Version: ${NEXT_VERSION}-1/" "$SCRATCH/n1/DEBIAN/control"
-  dpkg-deb --root-owner-group -Zgzip -z1 -b "$SCRATCH/n1" "$DEB_N1" >/dev/null || die "dpkg-deb -b $DEB_N1"
-  rm -rf "$SCRATCH/n1"
+# N+1: the N payload under a higher version (tests the upgrade path, not new code). Rebuilt
+# every run so it can never be stale; both packages side by side.
+repack_n1() { # <deb> <out>
+  local d; d="$(mktemp -d "$SCRATCH/n1.XXXXXX")"
+  dpkg-deb -R "$1" "$d/p" && sed -i "s/^Version: .*/Version: ${NEXT_VERSION}-1/" "$d/p/DEBIAN/control" \
+    && dpkg-deb --root-owner-group -Zgzip -z1 -b "$d/p" "$2" >/dev/null
+  local rc=$?; rm -rf "$d"; return $rc
+}
+if [[ -z "$DEB_N1" || -z "$ADEB_N1" ]]; then
+  step_begin "N+1 .debs: repack as ${NEXT_VERSION}-1"
+  pids=()
+  if [[ -z "$DEB_N1" ]]; then
+    DEB_N1="$SCRATCH/konnectivity-server_${NEXT_VERSION}-1_${ARCH}.deb"; repack_n1 "$DEB_N" "$DEB_N1" & pids+=($!)
+  fi
+  if [[ -z "$ADEB_N1" ]]; then
+    ADEB_N1="$SCRATCH/konnectivity-agent_${NEXT_VERSION}-1_${ARCH}.deb"; repack_n1 "$ADEB_N" "$ADEB_N1" & pids+=($!)
+  fi
+  for p in "${pids[@]}"; do wait "$p" || die "repacking the N+1 .debs failed"; done
   step_end
 fi
 DEB_N1_VER="$(dpkg-deb -f "$DEB_N1" Version)" || die "not a .deb: $DEB_N1"
 dpkg --compare-versions "$DEB_N1_VER" gt "$DEB_N_VER" || die "DEB_N1 ($DEB_N1_VER) is not newer than DEB_N ($DEB_N_VER)"
-log "package N+1: $DEB_N1_VER"
+ADEB_N1_VER="$(dpkg-deb -f "$ADEB_N1" Version)" || die "not a .deb: $ADEB_N1"
+dpkg --compare-versions "$ADEB_N1_VER" gt "$ADEB_N_VER" || die "AGENT_DEB_N1 ($ADEB_N1_VER) is not newer than AGENT_DEB_N ($ADEB_N_VER)"
+log "package N+1: $DEB_N1_VER, agent $ADEB_N1_VER"
+
+# debootstrap writes no /etc/hosts; a real system has one (our agent resolves localhost).
+printf '%s\n' "127.0.0.1	localhost" "::1		localhost ip6-localhost ip6-loopback" >"$MERGED/etc/hosts"
 
 # ------------------------------------------------------------------------------ boot --------
 step_begin "boot (systemd-nspawn -b, until is-system-running)"
@@ -210,10 +239,16 @@ BOOT_S=$(dur "$STEP_T")
 step_end
 
 # ------------------------------------------------------------------------------ helpers -----
-show() { c systemctl show -P "$1" "$UNIT" 2>/dev/null; }
-active_running() { [[ "$(show ActiveState)/$(show SubState)" == active/running ]]; }
-main_pid() { show MainPID; }
-jsonl_unit() { c journalctl -u "$UNIT" -o json --no-pager 2>/dev/null; }
+show() { c systemctl show -P "$1" "${2:-$UNIT}" 2>/dev/null; }   # <property> [unit]
+active_running() { [[ "$(show ActiveState "${1:-$UNIT}")/$(show SubState "${1:-$UNIT}")" == active/running ]]; }
+main_pid() { show MainPID "${1:-$UNIT}"; }
+jsonl_unit() { c journalctl -u "${1:-$UNIT}" -o json --no-pager 2>/dev/null; }
+# Our agent (in the container, the packaged unit):
+ashow() { show "$1" "$AUNIT"; }
+a_running() { active_running "$AUNIT"; }
+a_same_pid() { local p; p="$(main_pid "$AUNIT")"; [[ "$p" == "$1" && "$p" != 0 ]]; }
+a_status_is() { [[ "$(ashow StatusText)" == $1 ]]; }     # <glob>
+a_connected() { a_status_is 'connected to 1 servers, *'; }
 file_is() { # <path in container> <expected "%U:%G %a %F">
   local got; got="$(c stat -c '%U:%G %a %F' "$1" 2>&1)"
   [[ "$got" == "$2" ]] || { log "      $1: got '$got', want '$2'"; return 1; }
@@ -234,13 +269,14 @@ code_is() { [[ "$(http_code "$2")" == "$1" ]]; }                 # <code> <url>
 same_pid() { local p; p="$(main_pid)"; [[ "$p" == "$1" && "$p" != 0 ]]; }
 new_pid_running() { local p; p="$(main_pid)"; [[ "$p" != "$1" && "$p" != 0 ]] && active_running; }
 serial_is() { [[ "$(serial_now)" == "$1" ]]; }
-user_ok() {
-  local e; e="$(c getent passwd konnectivity)"
-  [[ "$e" =~ ^konnectivity:x:([0-9]+):([0-9]+):[^:]*:/var/lib/konnectivity-server:/usr/sbin/nologin$ ]] \
-    && (( BASH_REMATCH[1] < 1000 )) || { log "      getent passwd konnectivity: '$e'"; return 1; }
+user_ok() { # [user home]: a system user with nologin and that home
+  local u="${1:-konnectivity}" h="${2:-/var/lib/konnectivity-server}" e
+  e="$(c getent passwd "$u")"
+  [[ "$e" =~ ^$u:x:([0-9]+):([0-9]+):[^:]*:$h:/usr/sbin/nologin$ ]] \
+    && (( BASH_REMATCH[1] < 1000 )) || { log "      getent passwd $u: '$e'"; return 1; }
 }
 absent() { [[ ! -e "$CROOT$1" && ! -L "$CROOT$1" ]]; }
-not_installed() { local s; s="$(c dpkg-query -W -f='${Status}' konnectivity-server 2>/dev/null)"; [[ -z "$s" || "$s" == *not-installed* ]]; }
+not_installed() { local s; s="$(c dpkg-query -W -f='${Status}' "${1:-konnectivity-server}" 2>/dev/null)"; [[ -z "$s" || "$s" == *not-installed* ]]; }
 no_dpkg_leftovers() { ! ls "$CROOT/etc/konnectivity/" "$CROOT/etc/default/" | grep -q 'dpkg-'; }
 wait_for() { # <seconds> <command...>
   local end=$(( $(date +%s) + $1 )); shift
@@ -255,17 +291,20 @@ serial_now() { # serial of the certificate the agent port presents to a fresh ha
 BASE="$(free_base)" || die "no free port range in 20000-29999"
 AGENT_PORT=$BASE HEALTH_PORT=$((BASE + 1)) ADMIN_PORT=$((BASE + 2)) TEST_SERVER_PORT=$((BASE + 3))
 AGENT_HEALTH_PORT=$((BASE + 4)) AGENT_ADMIN_PORT=$((BASE + 5))
-log "ports: agent=$AGENT_PORT health=$HEALTH_PORT admin=$ADMIN_PORT (host test server $TEST_SERVER_PORT)"
+RA_HEALTH_PORT=$((BASE + 6)) RA_ADMIN_PORT=$((BASE + 7))   # our agent's (RA: Rust agent)
+log "ports: agent=$AGENT_PORT health=$HEALTH_PORT admin=$ADMIN_PORT (host test server $TEST_SERVER_PORT; our agent's health=$RA_HEALTH_PORT admin=$RA_ADMIN_PORT)"
 
 # ------------------------------------------------------------------------------ install -----
 mkdir -p "$CROOT/var/tmp/kt"
 cp "$DEB_N" "$CROOT/var/tmp/kt/n.deb"; cp "$DEB_N1" "$CROOT/var/tmp/kt/n1.deb"
+cp "$ADEB_N" "$CROOT/var/tmp/kt/agent-n.deb"; cp "$ADEB_N1" "$CROOT/var/tmp/kt/agent-n1.deb"
 
-step_begin "dpkg -i (version $DEB_N_VER)"
-OUT="$(c dpkg -i /var/tmp/kt/n.deb </dev/null 2>&1)"; RC=$?
+step_begin "dpkg -i both packages (server $DEB_N_VER, agent $ADEB_N_VER)"
+OUT="$(c dpkg -i /var/tmp/kt/n.deb /var/tmp/kt/agent-n.deb </dev/null 2>&1)"; RC=$?
 echo "$OUT" | sed 's/^/      | /'
 check "dpkg -i exits 0" test $RC -eq 0
-check "postinst says: enabled, not started" grep -q 'installed and enabled, not started' <<<"$OUT"
+check "postinst says: enabled, not started" grep -q '^konnectivity-server: installed and enabled, not started' <<<"$OUT"
+check "agent postinst says: enabled, not started" grep -q '^konnectivity-agent: installed and enabled, not started' <<<"$OUT"
 step_end
 
 step_begin "user, files, modes, enablement"
@@ -279,6 +318,24 @@ check "/usr/lib/sysusers.d/konnectivity-server.conf present" c test -f /usr/lib/
 check "unit enabled after install" test "$(c systemctl is-enabled "$UNIT" 2>&1)" = enabled
 check "socket unit enabled after install" test "$(c systemctl is-enabled konnectivity-server.socket 2>&1)" = enabled
 check "unit NOT started by install" test "$(c systemctl is-active "$UNIT" 2>&1)" = inactive
+check "agent: user konnectivity-agent exists (system uid, nologin, home /var/lib/konnectivity-agent)" \
+  user_ok konnectivity-agent /var/lib/konnectivity-agent
+check "agent: user konnectivity-agent is not in group konnectivity (no access to the server's keys)" \
+  eval '! c id -nG konnectivity-agent | tr " " "\\n" | grep -qx konnectivity'
+check "/usr/bin/konnectivity-agent root:root 755" file_is /usr/bin/konnectivity-agent "root:root 755 regular file"
+check "/etc/konnectivity/agent.toml root:konnectivity-agent 640" file_is /etc/konnectivity/agent.toml "root:konnectivity-agent 640 regular file"
+check "/etc/konnectivity/agent-pki root:konnectivity-agent 750" file_is /etc/konnectivity/agent-pki "root:konnectivity-agent 750 directory"
+check "/etc/default/konnectivity-agent root:root 644" file_is /etc/default/konnectivity-agent "root:root 644 regular file"
+check "/usr/lib/sysusers.d/konnectivity-agent.conf present" c test -f /usr/lib/sysusers.d/konnectivity-agent.conf
+check "/usr/share/doc/konnectivity-agent/{README.md,CHANGELOG.md,agent.toml} present" \
+  c test -f /usr/share/doc/konnectivity-agent/README.md -a -f /usr/share/doc/konnectivity-agent/CHANGELOG.md \
+  -a -f /usr/share/doc/konnectivity-agent/agent.toml
+check "agent unit enabled after install" test "$(c systemctl is-enabled "$AUNIT" 2>&1)" = enabled
+check "agent unit NOT started by install" test "$(c systemctl is-active "$AUNIT" 2>&1)" = inactive
+# Enabled before its certificates exist: a start (as at boot) is skipped, not failed.
+c timeout 30 systemctl start "$AUNIT" >/dev/null 2>&1
+check "agent without certificates: start skipped by ConditionPathExists (inactive, not failed)" \
+  test "$(ashow ActiveState)/$(ashow ConditionResult)" = inactive/no
 step_end
 
 step_begin "systemd-analyze verify + security"
@@ -287,6 +344,14 @@ VERIFY="$(c systemd-analyze verify "$UNIT" 2>&1)"; RC=$?
 check "systemd-analyze verify $UNIT: exit 0, no warnings" test $RC -eq 0 -a -z "$(grep -i konnectivity <<<"$VERIFY")"
 SECURITY="$(c systemd-analyze security "$UNIT" --no-pager 2>&1 | tail -n 1)"
 log "      systemd-analyze security: $SECURITY"
+VERIFY="$(c systemd-analyze verify "$AUNIT" 2>&1)"; RC=$?
+[[ -n "$VERIFY" ]] && echo "$VERIFY" | sed 's/^/      | /'
+check "systemd-analyze verify $AUNIT: exit 0, no warnings" test $RC -eq 0 -a -z "$(grep -i konnectivity <<<"$VERIFY")"
+ASECURITY="$(c systemd-analyze security "$AUNIT" --no-pager 2>&1 | tail -n 1)"
+log "      systemd-analyze security: $ASECURITY"
+score() { sed -n 's/.*exposure level for [^:]*: *\([0-9.]*\).*/\1/p' <<<"$1"; }
+check "agent unit's exposure score equals the server's ($(score "$ASECURITY") vs $(score "$SECURITY"))" \
+  test -n "$(score "$SECURITY")" -a "$(score "$ASECURITY")" = "$(score "$SECURITY")"
 step_end
 
 # ------------------------------------------------------------------------------ certificates + test config
@@ -320,23 +385,58 @@ install_pki() { # <serial>: cluster.crt/key (+ ca.crt) as root:konnectivity 0640
   # Key first, then cert (each rename is atomic), as an operator's rotation script would.
   mv "$P/cluster.key.new" "$P/cluster.key" && mv "$P/cluster.crt.new" "$P/cluster.crt"
 }
+install_agent_pki() { # the agent's client certificate, key and CA, root:konnectivity-agent 0640
+  local P="$CROOT/etc/konnectivity/agent-pki" f
+  for f in ca.crt agent.crt agent.key; do
+    cp "$SCRATCH/certs/$f" "$P/$f" && c chown root:konnectivity-agent "/etc/konnectivity/agent-pki/$f" \
+      && c chmod 0640 "/etc/konnectivity/agent-pki/$f" || return 1
+  done
+}
 check "generate CA, server (SAN 127.0.0.1/localhost, serials 1001/1002) and agent certificates" gen_certs
 check "install server certificate (serial 1001) root:konnectivity 0640" install_pki 1001
+check "install the agent's certificate, key and CA root:konnectivity-agent 0640 in /etc/konnectivity/agent-pki" install_agent_pki
 # The test's ports etc. on the command line (flags override the config file); this also makes
 # /etc/default/konnectivity-server an admin-edited conffile for the upgrade test.
-ARGS="--config /etc/konnectivity/server.toml --agent-port=$AGENT_PORT --agent-bind-address=127.0.0.1 --health-port=$HEALTH_PORT --health-bind-address=127.0.0.1 --admin-port=$ADMIN_PORT --admin-bind-address=127.0.0.1 --graceful-shutdown-timeout=5s --server-id=nspawn-test"
+# destHost routes a tunnel to localhost to our agent (host=localhost), one to 127.0.0.1 to the
+# upstream agent (ipv4=127.0.0.1); default picks any agent when none matches.
+ARGS="--config /etc/konnectivity/server.toml --agent-port=$AGENT_PORT --agent-bind-address=127.0.0.1 --health-port=$HEALTH_PORT --health-bind-address=127.0.0.1 --admin-port=$ADMIN_PORT --admin-bind-address=127.0.0.1 --graceful-shutdown-timeout=5s --server-id=nspawn-test --proxy-strategies=destHost,default"
 sed -i "s|^KONNECTIVITY_SERVER_ARGS=.*|KONNECTIVITY_SERVER_ARGS=\"$ARGS\"|" "$CROOT/etc/default/konnectivity-server"
 check "test arguments in /etc/default/konnectivity-server" grep -q "agent-port=$AGENT_PORT" "$CROOT/etc/default/konnectivity-server"
+# Our agent: the packaged agent.toml (its certificate paths, graceful_shutdown_timeout = 60s)
+# with the test's server and ports as flags, and its id from the environment layer.
+AARGS="--config /etc/konnectivity/agent.toml --proxy-server-host=127.0.0.1 --proxy-server-port=$AGENT_PORT --agent-identifiers=host=localhost --health-server-host=127.0.0.1 --health-server-port=$RA_HEALTH_PORT --admin-bind-address=127.0.0.1 --admin-server-port=$RA_ADMIN_PORT"
+sed -i "s|^KONNECTIVITY_AGENT_ARGS=.*|KONNECTIVITY_AGENT_ARGS=\"$AARGS\"\nPROXY_AGENT_ID=nspawn-rust-agent|" "$CROOT/etc/default/konnectivity-agent"
+check "test arguments in /etc/default/konnectivity-agent" grep -q "proxy-server-port=$AGENT_PORT" "$CROOT/etc/default/konnectivity-agent"
 step_end
 
 # ------------------------------------------------------------------------------ start -------
-step_begin "systemctl start (Type=notify: returns after READY=1)"
+step_begin "systemctl start, the server then our agent (Type=notify: returns after READY=1)"
 OUT="$(c timeout 90 systemctl start "$UNIT" 2>&1)"; RC=$?
 [[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
 check "systemctl start exits 0" test $RC -eq 0
 check "active/running after start (READY=1 received)" active_running
 log "      StatusText=$(show StatusText)  MainPID=$(main_pid)  NRestarts=$(show NRestarts)"
 check "health /healthz 200" wait_for 10 code_is 200 "http://127.0.0.1:$HEALTH_PORT/healthz"
+T_ASTART=$(now)
+OUT="$(c timeout 90 systemctl start "$AUNIT" 2>&1)"; RC=$?
+ASTART_S=$(dur "$T_ASTART")
+[[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
+check "agent: systemctl start exits 0 (${ASTART_S}s; READY=1 once its ports listen)" test $RC -eq 0
+check "agent: active/running after start" a_running
+log "      agent StatusText=$(ashow StatusText)  MainPID=$(main_pid "$AUNIT")"
+check "agent: connected to our server (agent /readyz 200)" wait_for 10 code_is 200 "http://127.0.0.1:$RA_HEALTH_PORT/readyz"
+log "      agent connected $(dur "$T_ASTART")s after systemctl start"
+agent_listed() { # [draining]: the server lists our agent (by the id from PROXY_AGENT_ID), with that draining flag
+  curl -s --max-time 3 "http://127.0.0.1:$ADMIN_PORT/agents" |
+    jq -e --argjson d "${1:-false}" 'any(.[]; .agent_id == "nspawn-rust-agent" and .draining == $d)' >/dev/null 2>&1
+}
+check "server's /agents lists nspawn-rust-agent (PROXY_AGENT_ID from /etc/default/konnectivity-agent)" wait_for 5 agent_listed
+# STATUS= says "connected to 1 servers, ..." once connected: watched in the background (the
+# steps go on meanwhile) and checked after the reload step.
+( end=$(( $(date +%s) + 30 ))
+  until a_connected; do [[ $(date +%s) -ge $end ]] && exit 1; sleep 0.2; done
+  dur "$T_ASTART" >"$SCRATCH/host/agent-status-connected" ) &
+ASTATUS_PID=$!; HOST_PIDS+=("$ASTATUS_PID")
 step_end
 
 step_begin "UDS in RuntimeDirectory"
@@ -368,20 +468,23 @@ if [[ -n "${INTEROP_BIN_DIR:-}" ]]; then
     HOST_PIDS+=($!)
     "$B/proxy-agent" --ca-cert="$SCRATCH/certs/ca.crt" --agent-cert="$SCRATCH/certs/agent.crt" \
       --agent-key="$SCRATCH/certs/agent.key" --proxy-server-host=127.0.0.1 --proxy-server-port="$AGENT_PORT" \
-      --agent-id=nspawn-agent "--agent-identifiers=host=localhost&ipv4=127.0.0.1" \
+      --agent-id=nspawn-agent --agent-identifiers=ipv4=127.0.0.1 \
       --health-server-host=127.0.0.1 --health-server-port="$AGENT_HEALTH_PORT" \
       --admin-bind-address=127.0.0.1 --admin-server-port="$AGENT_ADMIN_PORT" \
       >"$SCRATCH/host/proxy-agent.log" 2>&1 &
     AGENT_PID=$!; HOST_PIDS+=("$AGENT_PID")
     check "agent connected (server /readyz 200)" wait_for 20 code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
     UDS_HOST="$CROOT/run/konnectivity-server/konnectivity-server.socket"
-    tunnel_get() { # <request-path> <log name>: GET through a fresh tunnel; the body must be the success page
-      # (proxy-test-client exits 0 on any HTTP status, so the body is checked).
-      "$B/proxy-test-client" --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS_HOST" --request-host=127.0.0.1 \
+    tunnel_get() { # <request-path> <log name> [request host]: GET through a fresh tunnel; the body must be
+      # the success page (proxy-test-client exits 0 on any HTTP status, so the body is checked).
+      # Host 127.0.0.1 routes to the upstream agent, localhost to ours (destHost).
+      "$B/proxy-test-client" --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS_HOST" --request-host="${3:-127.0.0.1}" \
         --request-port="$TEST_SERVER_PORT" --request-path="$1" >"$SCRATCH/host/proxy-test-client-$2.log" 2>&1 \
         && grep -q 'The success test page' "$SCRATCH/host/proxy-test-client-$2.log"
     }
     check "proxy-test-client GET /success through the tunnel (UDS -> server -> agent -> host)" tunnel_get success first
+    check "GET /success through our server and our agent (UDS -> server -> konnectivity-agent.service -> localhost)" \
+      tunnel_get success first-ours localhost
     established() { # <n>: the server counts exactly n established tunnels
       curl -s --max-time 3 "http://127.0.0.1:$HEALTH_PORT/metrics" |
         grep -qx "konnectivity_network_proxy_server_established_connections $1"
@@ -389,30 +492,79 @@ if [[ -n "${INTEROP_BIN_DIR:-}" ]]; then
     # Starts the 10 s /sleep request through a fresh tunnel in the background (LONG_PID) and
     # waits until the server counts it as established, so the step after it really happens
     # while the tunnel is open.
-    long_tunnel_open() { # <log name>
-      T_LONG=$(now); tunnel_get sleep "$1" & LONG_PID=$!
-      check "long tunnel ($1) established before the step under test (established_connections 1)" \
-        wait_for 8 established 1
+    long_tunnel_open() { # <log name> [request host] [established count to wait for]
+      T_LONG=$(now); tunnel_get sleep "$1" "${2:-127.0.0.1}" & LONG_PID=$!
+      check "long tunnel ($1) established before the step under test (established_connections ${3:-1})" \
+        wait_for 8 established "${3:-1}"
     }
   fi
   step_end
 fi
 
 # ------------------------------------------------------------------------------ reload ------
-step_begin "systemctl reload after replacing the certificate"
-PID_BEFORE="$(main_pid)"
+step_begin "systemctl reload of both while tunnels run (server: new certificate), then systemctl stop of our agent while its tunnel runs (drain)"
+PID_BEFORE="$(main_pid)" APID_BEFORE="$(main_pid "$AUNIT")"
 check "fresh handshake presents serial 1001 before" serial_is 1001
 if [[ $INTEROP -eq 1 ]]; then
-  # A tunnel that is open across the reload: http-test-server's /sleep answers after 10 s.
+  # Tunnels that are open across the reloads: http-test-server's /sleep answers after 10 s.
+  # One through the upstream agent, one through ours, side by side.
   long_tunnel_open long
+  T_LONG_RA=$(now); tunnel_get sleep long-ours localhost & LONG_RA_PID=$!
+  check "long tunnel through our agent established too (established_connections 2)" wait_for 8 established 2
 fi
+# How long after its start STATUS= first said "connected" (the background watcher; the
+# reload below sends STATUS= itself, so this is read before it).
+if [[ -s "$SCRATCH/host/agent-status-connected" ]]; then
+  ASTATUS_S="$(cat "$SCRATCH/host/agent-status-connected")"
+  RESULTS+=("INFO  agent STATUS= said 'connected to 1 servers, ...' ${ASTATUS_S}s after systemctl start")
+else
+  ASTATUS_S="not yet ($(dur "$T_ASTART")s after systemctl start; StatusText: $(ashow StatusText))"
+  RESULTS+=("INFO  agent STATUS= did not say 'connected' before its first reload: $ASTATUS_S")
+fi
+log "      agent STATUS= connected: $ASTATUS_S"
 install_pki 1002
 OUT="$(c timeout 60 systemctl reload "$UNIT" 2>&1)"; RC=$?
 [[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
 check "systemctl reload exits 0" test $RC -eq 0
 check "same MainPID ($PID_BEFORE) after reload" same_pid "$PID_BEFORE"
 check "active/running after reload" active_running
+OUT="$(c timeout 60 systemctl reload "$AUNIT" 2>&1)"; RC=$?
+[[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
+check "agent: systemctl reload exits 0" test $RC -eq 0
+check "agent: same MainPID ($APID_BEFORE) after reload" a_same_pid "$APID_BEFORE"
+check "agent: active/running after reload" a_running
+if [[ $INTEROP -eq 1 ]]; then
+  check "agent: StatusText after reload is 'connected to 1 servers, 1 tunnels' (was: $(ashow StatusText))" \
+    a_status_is 'connected to 1 servers, 1 tunnels'
+else
+  check "agent: StatusText after reload is 'connected to 1 servers, 0 tunnels' (was: $(ashow StatusText))" \
+    a_status_is 'connected to 1 servers, 0 tunnels'
+fi
 check "fresh handshake presents the new serial 1002" wait_for 10 serial_is 1002
+# Our agent's stop while its tunnel is open: SIGTERM -> DRAIN to the server, the tunnel runs
+# on, the agent exits 0 when it has ended (graceful_shutdown_timeout = 60s in agent.toml).
+T_ASTOP=$(now)
+RA_TUNNEL_OPEN=0
+[[ $INTEROP -eq 1 ]] && kill -0 "$LONG_RA_PID" 2>/dev/null && RA_TUNNEL_OPEN=1
+c timeout 120 systemctl stop "$AUNIT" >"$SCRATCH/host/agent-stop.log" 2>&1 & ASTOP_PID=$!
+if [[ $INTEROP -eq 1 ]]; then
+  check "agent: its tunnel was still open when systemctl stop began" test $RA_TUNNEL_OPEN -eq 1
+  check "agent: DRAIN reached the server (/agents: nspawn-rust-agent draining)" wait_for 5 agent_listed true
+  check "agent: StatusText while stopping says 'draining: ...'" wait_for 3 a_status_is 'draining: *'
+  log "      agent StatusText while stopping: $(ashow StatusText)"
+fi
+wait "$ASTOP_PID"; RC=$?
+ASTOP_S=$(dur "$T_ASTOP")
+check "agent: systemctl stop exits 0 (${ASTOP_S}s)" test $RC -eq 0
+log "      agent: ActiveState=$(ashow ActiveState) Result=$(ashow Result) ExecMainCode=$(ashow ExecMainCode) ExecMainStatus=$(ashow ExecMainStatus)"
+check "agent: inactive, Result=success, ExecMainStatus=0 (clean exit, no SIGKILL)" \
+  test "$(ashow ActiveState)/$(ashow Result)/$(ashow ExecMainStatus)" = inactive/success/0
+if [[ $INTEROP -eq 1 ]]; then
+  check "agent: the tunnel open across its reload and its stop completed (/sleep, 10 s)" wait "$LONG_RA_PID"
+  log "      long tunnel through our agent took $(dur "$T_LONG_RA")s; the agent's stop ${ASTOP_S}s"
+  check "agent: it exited once its tunnel had ended, not at graceful_shutdown_timeout (stop ${ASTOP_S}s < 30s)" \
+    test "$(echo "$ASTOP_S < 30" | bc)" -eq 1
+fi
 if [[ $INTEROP -eq 1 ]]; then
   check "tunnel opened before the reload completed after it (/sleep, 10 s)" wait "$LONG_PID"
   log "      long tunnel took $(dur "$T_LONG")s"
@@ -420,34 +572,60 @@ if [[ $INTEROP -eq 1 ]]; then
   check "server /readyz 200 after reload" code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
   check "new tunnel after reload" tunnel_get success after-reload
 fi
+c timeout 90 systemctl start "$AUNIT" >/dev/null 2>&1
+check "agent: started again and connected (agent /readyz 200)" wait_for 10 code_is 200 "http://127.0.0.1:$RA_HEALTH_PORT/readyz"
 step_end
 
-step_begin "broken config: reload fails, service keeps running"
-PID_BEFORE="$(main_pid)"
+step_begin "broken config: reload fails, service keeps running (both)"
+PID_BEFORE="$(main_pid)" APID_BEFORE="$(main_pid "$AUNIT")"
 cp -p "$CROOT/etc/konnectivity/server.toml" "$SCRATCH/server.toml.good"
+cp -p "$CROOT/etc/konnectivity/agent.toml" "$SCRATCH/agent.toml.good"
 printf 'this is = not [valid toml\n' >>"$CROOT/etc/konnectivity/server.toml"
+printf 'this is = not [valid toml\n' >>"$CROOT/etc/konnectivity/agent.toml"
 OUT="$(c timeout 60 systemctl reload "$UNIT" 2>&1)"; RC=$?
 [[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
 check "systemctl reload with a broken config exits non-zero" test $RC -ne 0
 check "same MainPID ($PID_BEFORE)" same_pid "$PID_BEFORE"
 check "still active/running" active_running
 check "health still 200" code_is 200 "http://127.0.0.1:$HEALTH_PORT/healthz"
+OUT="$(c timeout 60 systemctl reload "$AUNIT" 2>&1)"; RC=$?
+[[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
+check "agent: systemctl reload with a broken config exits non-zero" test $RC -ne 0
+check "agent: same MainPID ($APID_BEFORE), still active/running" eval 'a_same_pid "$APID_BEFORE" && a_running'
+check "agent: /readyz still 200" code_is 200 "http://127.0.0.1:$RA_HEALTH_PORT/readyz"
 cp -p "$SCRATCH/server.toml.good" "$CROOT/etc/konnectivity/server.toml"
+cp -p "$SCRATCH/agent.toml.good" "$CROOT/etc/konnectivity/agent.toml"
 check "reload after restoring the config exits 0" c timeout 60 systemctl reload "$UNIT"
+check "agent: reload after restoring the config exits 0" c timeout 60 systemctl reload "$AUNIT"
 step_end
 
 # ------------------------------------------------------------------------------ journal -----
-step_begin "journalctl -u $UNIT -o json: structured fields"
+step_begin "journalctl -u $UNIT / -u $AUNIT -o json: structured fields"
 JSON="$(jsonl_unit)"
 NATIVE="$(jq -c 'select(._TRANSPORT == "journal" and .SYSLOG_IDENTIFIER == "konnectivity-server")' <<<"$JSON" 2>/dev/null)"
 log "      entries: $(wc -l <<<"$JSON") total, $(grep -c . <<<"$NATIVE") via the native journal protocol"
 FIELDS="$(jq -r 'keys[]' <<<"$NATIVE" 2>/dev/null | grep -v '^_' | grep -v '^__' | sort -u | tr '\n' ' ')"
 log "      non-trusted fields seen: $FIELDS"
 check "entries logged via the native journal protocol (_TRANSPORT=journal, SYSLOG_IDENTIFIER=konnectivity-server)" test -n "$NATIVE"
-structured() { jq -e 'select(.TARGET and .CODE_FILE and .PRIORITY and .MESSAGE)' <<<"$NATIVE" >/dev/null 2>&1; }
-no_ansi() { ! jq -r '.MESSAGE // empty' <<<"$JSON" 2>/dev/null | grep -q $'\x1b\\['; }
+structured() { jq -e 'select(.TARGET and .CODE_FILE and .PRIORITY and .MESSAGE)' <<<"${1:-$NATIVE}" >/dev/null 2>&1; }
+no_ansi() { [[ "$(jq -r '.MESSAGE // empty' <<<"${1:-$JSON}" 2>/dev/null | grep -c $'\x1b\\[')" == 0 ]]; }
 check "structured fields present (TARGET, CODE_FILE, PRIORITY, MESSAGE)" structured
 check "no ANSI escapes in messages" no_ansi
+AJSON="$(jsonl_unit "$AUNIT")"
+ANATIVE="$(jq -c 'select(._TRANSPORT == "journal" and .SYSLOG_IDENTIFIER == "konnectivity-agent")' <<<"$AJSON" 2>/dev/null)"
+log "      agent entries: $(wc -l <<<"$AJSON") total, $(grep -c . <<<"$ANATIVE") via the native journal protocol"
+log "      agent non-trusted fields seen: $(jq -r 'keys[]' <<<"$ANATIVE" 2>/dev/null | grep -v '^_' | sort -u | tr '\n' ' ')"
+a_logged() { # <jq condition>: some entry meets it (slurped: jq 1.6's -e looks at the last entry only)
+  jq -s -e "any(.[]; $1)" <<<"$ANATIVE" >/dev/null 2>&1
+}
+check "agent: entries logged via the native journal protocol (SYSLOG_IDENTIFIER=konnectivity-agent)" test -n "$ANATIVE"
+check "agent: structured fields present (TARGET, CODE_FILE, PRIORITY, MESSAGE)" a_logged '.TARGET and .CODE_FILE and .PRIORITY and .MESSAGE'
+check "agent: MESSAGE \"successfully connected to new proxy server\" with SERVERID=nspawn-test" \
+  a_logged '.MESSAGE == "successfully connected to new proxy server" and .SERVERID == "nspawn-test"'
+check "agent: MESSAGE \"Start serving\" with AGENTID=nspawn-rust-agent" \
+  a_logged '.MESSAGE == "Start serving" and .AGENTID == "nspawn-rust-agent"'
+check "agent: MESSAGE \"configuration reloaded\" (TRIGGER=SIGHUP)" a_logged '.MESSAGE == "configuration reloaded" and .TRIGGER == "SIGHUP"'
+check "agent: no ANSI escapes in messages" no_ansi "$AJSON"
 step_end
 
 # ------------------------------------------------------------------------------ stop --------
@@ -460,64 +638,96 @@ log "      ActiveState=$(show ActiveState) Result=$(show Result) ExecMainCode=$(
 check "inactive, Result=success, ExecMainStatus=0 (clean exit, no SIGKILL)" \
   test "$(show ActiveState)/$(show Result)/$(show ExecMainStatus)" = inactive/success/0
 check "RuntimeDirectoryPreserve=yes kept /run/konnectivity-server" c test -d /run/konnectivity-server
+check "agent: with its server gone it keeps running and retrying (/readyz not 200)" \
+  eval 'wait_for 5 eval "! code_is 200 http://127.0.0.1:$RA_HEALTH_PORT/readyz" && a_running'
 step_end
 
 # ------------------------------------------------------------------------------ watchdog ----
-step_begin "watchdog (runtime drop-in WatchdogSec=2s: WATCHDOG=1 pings, no watchdog kill)"
-c mkdir -p "/run/systemd/system/$UNIT.d"
-printf '[Service]\nWatchdogSec=2s\n' >"$CROOT/run/systemd/system/$UNIT.d/zz-nspawn-watchdog.conf"
+step_begin "watchdog, both (runtime drop-ins WatchdogSec=2s: WATCHDOG=1 pings, no watchdog kill)"
+for u in "$UNIT" "$AUNIT"; do
+  c mkdir -p "/run/systemd/system/$u.d"
+  printf '[Service]\nWatchdogSec=2s\n' >"$CROOT/run/systemd/system/$u.d/zz-nspawn-watchdog.conf"
+done
 c systemctl daemon-reload
 c timeout 90 systemctl start "$UNIT" >/dev/null 2>&1
+c timeout 90 systemctl restart "$AUNIT" >/dev/null 2>&1
 check "started with WatchdogSec=2s" test "$(show WatchdogUSec)" = 2s
-PID_BEFORE="$(main_pid)"; sleep 0.5; WD1="$(show WatchdogTimestampMonotonic)"
-sleep 3.5; WD2="$(show WatchdogTimestampMonotonic)"
+check "agent: restarted with WatchdogSec=2s" test "$(ashow WatchdogUSec)" = 2s
+PID_BEFORE="$(main_pid)" APID_BEFORE="$(main_pid "$AUNIT")"; sleep 0.5
+WD1="$(show WatchdogTimestampMonotonic)" AWD1="$(ashow WatchdogTimestampMonotonic)"
+sleep 3.5; WD2="$(show WatchdogTimestampMonotonic)" AWD2="$(ashow WatchdogTimestampMonotonic)"
 check "WATCHDOG=1 received (WatchdogTimestamp advanced: $WD1 -> $WD2)" test "${WD2:-0}" -gt "${WD1:-0}"
 check "no watchdog kill after 4 s (same MainPID, NRestarts=0, active/running)" \
   test "$(main_pid)/$(show NRestarts)/$(show ActiveState)" = "$PID_BEFORE/0/active"
-rm -f "$CROOT/run/systemd/system/$UNIT.d/zz-nspawn-watchdog.conf"
+check "agent: WATCHDOG=1 received (WatchdogTimestamp advanced: $AWD1 -> $AWD2)" test "${AWD2:-0}" -gt "${AWD1:-0}"
+check "agent: no watchdog kill after 4 s (same MainPID, NRestarts=0, active/running)" \
+  test "$(main_pid "$AUNIT")/$(ashow NRestarts)/$(ashow ActiveState)" = "$APID_BEFORE/0/active"
+# The heartbeat refreshes STATUS= with each ping (every second here).
+check "agent: STATUS= refreshed with the pings: 'connected to 1 servers, 0 tunnels' ($(ashow StatusText))" \
+  a_status_is 'connected to 1 servers, 0 tunnels'
+for u in "$UNIT" "$AUNIT"; do rm -f "$CROOT/run/systemd/system/$u.d/zz-nspawn-watchdog.conf"; done
 c systemctl daemon-reload
 c timeout 120 systemctl stop "$UNIT" >/dev/null 2>&1
 step_end
 
 # ------------------------------------------------------------------------------ upgrade -----
-step_begin "upgrade $DEB_N_VER -> $DEB_N1_VER (edited conffiles, default policy: no restart)"
+step_begin "upgrade both $DEB_N_VER -> $DEB_N1_VER (edited conffiles, default policy: no restart)"
 c timeout 90 systemctl start "$UNIT" >/dev/null 2>&1
 check "running before the upgrade" active_running
 PID_BEFORE="$(main_pid)"
 echo "# edited by nspawn-test" >>"$CROOT/etc/konnectivity/server.toml"
+echo "# edited by nspawn-test" >>"$CROOT/etc/konnectivity/agent.toml"
+check "agent: reconnected to the restarted server before the upgrade (agent /readyz 200)" \
+  wait_for 20 code_is 200 "http://127.0.0.1:$RA_HEALTH_PORT/readyz"
+APID_BEFORE="$(main_pid "$AUNIT")"
 if [[ $INTEROP -eq 1 ]]; then
-  # A tunnel open across the package upgrade (the agent reconnects after the earlier restarts).
+  # Tunnels open across the package upgrade (the agents reconnect after the earlier restarts),
+  # through each agent.
   check "agent reconnected before the upgrade (/readyz 200)" wait_for 20 code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
-  long_tunnel_open upgrade
+  T_LONG_RA=$(now); tunnel_get sleep upgrade-ours localhost & LONG_RA_PID=$!
+  long_tunnel_open upgrade 127.0.0.1 2
 fi
 SUM_CONF="$(sha256sum <"$CROOT/etc/konnectivity/server.toml")"; SUM_DEF="$(sha256sum <"$CROOT/etc/default/konnectivity-server")"
-OUT="$(c timeout 120 dpkg -i /var/tmp/kt/n1.deb </dev/null 2>&1)"; RC=$?
+ASUM_CONF="$(sha256sum <"$CROOT/etc/konnectivity/agent.toml")"; ASUM_DEF="$(sha256sum <"$CROOT/etc/default/konnectivity-agent")"
+OUT="$(c timeout 120 dpkg -i /var/tmp/kt/n1.deb /var/tmp/kt/agent-n1.deb </dev/null 2>&1)"; RC=$?
 echo "$OUT" | sed 's/^/      | /'
-check "dpkg -i N+1 exits 0 with stdin closed (no conffile prompt)" test $RC -eq 0
+check "dpkg -i N+1 (both) exits 0 with stdin closed (no conffile prompt)" test $RC -eq 0
 check "no conffile prompt text" bash -c '! grep -q "Configuration file" <<<"$1"' _ "$OUT"
 check "installed version is $DEB_N1_VER" test "$(c dpkg-query -W -f='${Version}' konnectivity-server)" = "$DEB_N1_VER"
+check "agent: installed version is $ADEB_N1_VER" test "$(c dpkg-query -W -f='${Version}' konnectivity-agent)" = "$ADEB_N1_VER"
 check "edited /etc/konnectivity/server.toml kept" test "$(sha256sum <"$CROOT/etc/konnectivity/server.toml")" = "$SUM_CONF"
 check "edited /etc/default/konnectivity-server kept" test "$(sha256sum <"$CROOT/etc/default/konnectivity-server")" = "$SUM_DEF"
+check "agent: edited /etc/konnectivity/agent.toml kept" test "$(sha256sum <"$CROOT/etc/konnectivity/agent.toml")" = "$ASUM_CONF"
+check "agent: edited /etc/default/konnectivity-agent kept" test "$(sha256sum <"$CROOT/etc/default/konnectivity-agent")" = "$ASUM_DEF"
 check "no .dpkg-dist/.dpkg-new left" no_dpkg_leftovers
 check "config still root:konnectivity 640" file_is /etc/konnectivity/server.toml "root:konnectivity 640 regular file"
+check "agent: config still root:konnectivity-agent 640" file_is /etc/konnectivity/agent.toml "root:konnectivity-agent 640 regular file"
 check "policy: NOT restarted (same MainPID $PID_BEFORE)" same_pid "$PID_BEFORE"
 check "policy: still active/running" active_running
-check "policy: postinst printed the restart notice" grep -q 'NOT restarted' <<<"$OUT"
+check "policy: postinst printed the restart notice" grep -q '^konnectivity-server: upgraded from .*, NOT restarted' <<<"$OUT"
+check "agent policy: NOT restarted (same MainPID $APID_BEFORE), active/running" eval 'a_same_pid "$APID_BEFORE" && a_running'
+check "agent policy: postinst printed the restart notice" grep -q '^konnectivity-agent: upgraded from .*, NOT restarted' <<<"$OUT"
 if [[ $INTEROP -eq 1 ]]; then
   check "tunnel opened before the upgrade completed after it (/sleep, 10 s)" wait "$LONG_PID"
   log "      long tunnel took $(dur "$T_LONG")s"
+  check "agent: the tunnel through our agent opened before the upgrade completed after it" wait "$LONG_RA_PID"
 fi
 check "still enabled after upgrade" test "$(c systemctl is-enabled "$UNIT" 2>&1)" = enabled
+check "agent: still enabled after upgrade" test "$(c systemctl is-enabled "$AUNIT" 2>&1)" = enabled
 check "reload after upgrade (new --check-config, running process) exits 0" c timeout 60 systemctl reload "$UNIT"
+check "agent: reload after upgrade exits 0" c timeout 60 systemctl reload "$AUNIT"
 step_end
 
-step_begin "upgrade with KONNECTIVITY_RESTART_ON_UPGRADE=yes (opt-in: try-restart)"
-PID_BEFORE="$(main_pid)"
-sed -i 's/^KONNECTIVITY_RESTART_ON_UPGRADE=.*/KONNECTIVITY_RESTART_ON_UPGRADE=yes/' "$CROOT/etc/default/konnectivity-server"
-OUT="$(c timeout 120 dpkg -i /var/tmp/kt/n1.deb </dev/null 2>&1)"; RC=$?
+step_begin "upgrade with KONNECTIVITY_RESTART_ON_UPGRADE=yes (opt-in: try-restart), both"
+PID_BEFORE="$(main_pid)" APID_BEFORE="$(main_pid "$AUNIT")"
+sed -i 's/^KONNECTIVITY_RESTART_ON_UPGRADE=.*/KONNECTIVITY_RESTART_ON_UPGRADE=yes/' \
+  "$CROOT/etc/default/konnectivity-server" "$CROOT/etc/default/konnectivity-agent"
+OUT="$(c timeout 120 dpkg -i /var/tmp/kt/n1.deb /var/tmp/kt/agent-n1.deb </dev/null 2>&1)"; RC=$?
 echo "$OUT" | sed 's/^/      | /'
-check "dpkg -i (reinstall N+1) exits 0" test $RC -eq 0
+check "dpkg -i (reinstall N+1, both) exits 0" test $RC -eq 0
 check "restarted: new MainPID (was $PID_BEFORE), active/running" new_pid_running "$PID_BEFORE"
+check "agent: restarted: new MainPID (was $APID_BEFORE), active/running" \
+  eval '[[ "$(main_pid "$AUNIT")" != "$APID_BEFORE" && "$(main_pid "$AUNIT")" != 0 ]] && a_running'
 step_end
 
 # ------------------------------------------------------------------------------ remove/purge
@@ -582,8 +792,9 @@ if [[ $INTEROP -eq 1 ]]; then
   step_begin "restarts and a reinstall under load fail no request (socket unit + startup_dial_grace)"
   check "socket unit enabled by the package" test "$(c systemctl is-enabled konnectivity-server.socket 2>&1)" = enabled
   check "socket unit active" test "$(c systemctl is-active konnectivity-server.socket 2>&1)" = active
+  # grep -c, not -q: with pipefail, journalctl killed by SIGPIPE would fail the check.
   check "the server took the socket systemd passed" eval \
-    'c journalctl -u "$UNIT" --no-pager -o cat | grep -q "using the socket passed by systemd"'
+    'c journalctl -u "$UNIT" --no-pager -o cat | grep -c "using the socket passed by systemd" >/dev/null'
   check "agent connected (server /readyz 200)" wait_for 20 code_is 200 "http://127.0.0.1:$HEALTH_PORT/readyz"
   # The reinstall itself does not restart (the default policy); the restart after it does.
   sed -i 's/^KONNECTIVITY_RESTART_ON_UPGRADE=.*/KONNECTIVITY_RESTART_ON_UPGRADE=no/' "$CROOT/etc/default/konnectivity-server"
@@ -617,14 +828,18 @@ if [[ $INTEROP -eq 1 ]]; then
   step_end
 fi
 
-step_begin "dpkg -r, then dpkg -P"
-OUT="$(c timeout 120 dpkg -r konnectivity-server </dev/null 2>&1)"; RC=$?
+step_begin "dpkg -r, then dpkg -P (both)"
+check "agent: running before the remove" a_running
+OUT="$(c timeout 120 dpkg -r konnectivity-agent konnectivity-server </dev/null 2>&1)"; RC=$?
 echo "$OUT" | sed 's/^/      | /'
 check "dpkg -r exits 0" test $RC -eq 0
 check "service stopped by remove" test "$(c systemctl is-active "$UNIT" 2>&1)" != active
+check "agent: service stopped by remove" test "$(c systemctl is-active "$AUNIT" 2>&1)" != active
 check "binary removed" absent /usr/bin/konnectivity-server
+check "agent: binary removed" absent /usr/bin/konnectivity-agent
 check "config kept on remove" test -f "$CROOT/etc/konnectivity/server.toml"
-OUT="$(c timeout 120 dpkg -P konnectivity-server </dev/null 2>&1)"; RC=$?
+check "agent: config kept on remove" test -f "$CROOT/etc/konnectivity/agent.toml"
+OUT="$(c timeout 120 dpkg -P konnectivity-agent konnectivity-server </dev/null 2>&1)"; RC=$?
 echo "$OUT" | sed 's/^/      | /'
 check "dpkg -P exits 0" test $RC -eq 0
 check "purge removed /etc/konnectivity/server.toml" absent /etc/konnectivity/server.toml
@@ -633,6 +848,12 @@ check "purge removed /var/lib/konnectivity-server" absent /var/lib/konnectivity-
 check "purge removed the enablement symlink" absent "/etc/systemd/system/multi-user.target.wants/$UNIT"
 check "admin keys in /etc/konnectivity/pki kept" test -f "$CROOT/etc/konnectivity/pki/cluster.key"
 check "package state: not installed" not_installed
+check "agent: purge removed /etc/konnectivity/agent.toml and /etc/default/konnectivity-agent" \
+  eval 'absent /etc/konnectivity/agent.toml && absent /etc/default/konnectivity-agent'
+check "agent: purge removed /var/lib/konnectivity-agent and the enablement symlink" \
+  eval 'absent /var/lib/konnectivity-agent && absent "/etc/systemd/system/multi-user.target.wants/$AUNIT"'
+check "agent: admin keys in /etc/konnectivity/agent-pki kept" test -f "$CROOT/etc/konnectivity/agent-pki/agent.key"
+check "agent: package state: not installed" not_installed konnectivity-agent
 step_end
 
 # ------------------------------------------------------------------------------ report ------
@@ -641,6 +862,8 @@ if [[ $FAILS -gt 0 ]]; then
   c journalctl -b --no-pager -n 300 2>&1
   echo; echo "=== journalctl -u $UNIT"
   c journalctl -u "$UNIT" --no-pager 2>&1 | tail -n 100
+  echo; echo "=== journalctl -u $AUNIT"
+  c journalctl -u "$AUNIT" --no-pager 2>&1 | tail -n 100
   for f in "$SCRATCH"/host/*.log; do [[ -f "$f" ]] && { echo; echo "=== $f"; tail -n 40 "$f"; }; done
 fi
 
@@ -655,6 +878,7 @@ echo; echo "=== timings"; printf '%s\n' "${TIMINGS[@]}"
 printf '%8ss  total\n' "$(dur "$T_START")"
 echo; echo "=== results"; printf '%s\n' "${RESULTS[@]}"
 echo; echo "systemd-analyze security: $SECURITY"
-echo "boot to is-system-running: ${BOOT_S}s; stop: ${STOP_S:-?}s; nspawn exit code ${NSPAWN_RC:-?}"
+echo "systemd-analyze security (agent): ${ASECURITY:-?}"
+echo "boot to is-system-running: ${BOOT_S}s; stop: ${STOP_S:-?}s; agent start ${ASTART_S:-?}s, agent stop with a tunnel open ${ASTOP_S:-?}s; nspawn exit code ${NSPAWN_RC:-?}"
 if [[ $FAILS -gt 0 ]]; then echo "nspawn-test.sh: $FAILS check(s) FAILED"; exit 1; fi
 echo "nspawn-test.sh: all checks passed"
