@@ -75,6 +75,30 @@ impl Agent {
         }
     }
 
+    /// Waits up to `within` for a message that starts with `prefix`.
+    fn expect_message(&self, prefix: &str, within: Duration) -> String {
+        tokio::task::block_in_place(|| {
+            let deadline = std::time::Instant::now() + within;
+            let mut seen = Vec::new();
+            while std::time::Instant::now() < deadline {
+                self.notify
+                    .set_read_timeout(Some(deadline - std::time::Instant::now()))
+                    .unwrap();
+                let mut buf = [0u8; 4096];
+                let Ok(n) = self.notify.recv(&mut buf) else {
+                    break;
+                };
+                let message = String::from_utf8_lossy(&buf[..n]).into_owned();
+                if message.starts_with(prefix) {
+                    self.notify.set_read_timeout(Some(TIMEOUT)).unwrap();
+                    return message;
+                }
+                seen.push(message);
+            }
+            panic!("no {prefix:?} within {within:?}; saw {seen:?}");
+        })
+    }
+
     /// The next message that is not a periodic STATUS refresh.
     fn next_state(&self) -> String {
         tokio::task::block_in_place(|| loop {
@@ -163,6 +187,10 @@ async fn notify_reloads_with_a_live_tunnel_and_a_drain_that_exits_zero() {
     let mut agent = Agent::start(&h, dir.path(), "graceful_shutdown_timeout = \"20s\"");
     let ready = agent.next_state();
     assert!(ready.starts_with("READY=1\nSTATUS="), "{ready:?}");
+    // Told at once when the server connects, not at the next heartbeat (10 s here).
+    if !ready.contains("STATUS=connected") {
+        agent.expect_message("STATUS=connected to 1 servers", Duration::from_secs(3));
+    }
     h.wait_agents(1).await;
     eventually(
         "the agent's /readyz",

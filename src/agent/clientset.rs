@@ -89,6 +89,27 @@ impl ClientSet {
         ids
     }
 
+    /// systemd's STATUS line.
+    pub fn status_line(&self) -> String {
+        let connected = self.connected();
+        let tunnels = self.tunnels();
+        if connected == 0 {
+            let config = &self.state.snapshot().config;
+            format!(
+                "connecting to {}:{}: no server connected yet, {tunnels} tunnels",
+                config.server_host, config.server_port
+            )
+        } else {
+            format!("connected to {connected} servers, {tunnels} tunnels")
+        }
+    }
+
+    /// Tells systemd at once when a server connects or goes away (the heartbeat refreshes
+    /// the tunnel count).
+    fn status_changed(&self) {
+        crate::lifecycle::systemd::status(&self.status_line());
+    }
+
     /// Sends DRAIN on every stream (and on streams opened later, which there are none of:
     /// the sync loop stops connecting).
     pub fn drain(&self) {
@@ -191,6 +212,7 @@ impl ClientSet {
             self.state.metrics.open_servers.set(servers.len() as i64);
             stream
         };
+        self.status_changed();
         self.announced
             .store(connected.server_count, Ordering::Release);
         tracing::info!(
@@ -216,6 +238,7 @@ impl ClientSet {
                 }
                 set.state.metrics.open_servers.set(servers.len() as i64);
             }
+            set.status_changed();
             drop(channel);
         });
         Tick::Steady

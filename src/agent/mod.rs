@@ -166,7 +166,7 @@ impl RunningAgent {
 
     /// systemd's STATUS line.
     pub fn status_line(&self) -> String {
-        status_line(&self.servers)
+        self.servers.status_line()
     }
 
     /// A reloaded snapshot: new server connections and dials use it.
@@ -200,19 +200,5 @@ impl RunningAgent {
         self.state.tunnels.close();
         self.tasks.wait().await;
         self.state.tunnels.wait().await;
-    }
-}
-
-fn status_line(servers: &ClientSet) -> String {
-    let connected = servers.connected();
-    let tunnels = servers.tunnels();
-    if connected == 0 {
-        let config = &servers.state().snapshot().config;
-        format!(
-            "connecting to {}:{}: no server connected yet, {tunnels} tunnels",
-            config.server_host, config.server_port
-        )
-    } else {
-        format!("connected to {connected} servers, {tunnels} tunnels")
     }
 }
