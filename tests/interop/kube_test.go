@@ -688,6 +688,7 @@ func TestKube(t *testing.T) {
 		{"token_review_cache", false, scTokenCache},
 		{"leases", false, scLeases},
 		{"ha_haproxy_lease_count", false, scHA},
+		{"ha_haproxy_lease_count_our_agent", false, scHAOurAgent},
 		{"metrics_same_state", false, scMetricsSameState},            // metrics_test.go
 		{"egress_selector_grpc", false, scEgressGRPC},                // kube_egress_test.go
 		{"egress_selector_http_connect", false, scEgressHTTPConnect}, // kube_egress_test.go
@@ -1103,10 +1104,21 @@ func scLeases(t *testing.T, k *kubeFixture, impl, bin string, bins binaries, sh 
 // ---------------------------------------------------------------- scenario: HA behind haproxy
 
 func scHA(t *testing.T, k *kubeFixture, impl, bin string, bins binaries, sh *kubeShared) {
-	labelStr := "k8s-app=konnectivity-server,ha=" + impl
+	scHAWith(t, k, impl, bin, bins, impl)
+}
+
+// scHAOurAgent is scHA with our agent counting the leases (--count-server-leases).
+func scHAOurAgent(t *testing.T, k *kubeFixture, impl, bin string, bins binaries, sh *kubeShared) {
+	scHAWith(t, k, impl, bin, withOurAgent(t, bins), impl+"-ra")
+}
+
+// scHAWith runs the HA scenario; tag keeps its leases, ids and identities apart from another
+// run's with the same server.
+func scHAWith(t *testing.T, k *kubeFixture, impl, bin string, bins binaries, tag string) {
+	labelStr := "k8s-app=konnectivity-server,ha=" + tag
 	var servers []*env
 	for i := 1; i <= 2; i++ {
-		id := fmt.Sprintf("ha-%s-%d", impl, i)
+		id := fmt.Sprintf("ha-%s-%d", tag, i)
 		kc, _ := k.serverIdentity(t, id)
 		servers = append(servers, startKubeServer(t, impl, bin, bins, kubeServerOpts{kubeconfig: kc, serverID: id,
 			extra: []string{"--enable-lease-controller", "--lease-namespace=kube-system", "--lease-label=" + labelStr}}))
@@ -1117,7 +1129,7 @@ func scHA(t *testing.T, k *kubeFixture, impl, bin string, bins binaries, sh *kub
 		})
 	}
 	lb := startHAProxy(t, servers[0].dir, servers[0].agentPort, servers[1].agentPort)
-	agentKC := k.kubeconfigFor(t, "agent-"+impl, k.tokenRequest(t, agentNamespace, agentSA, ""))
+	agentKC := k.kubeconfigFor(t, "agent-"+tag, k.tokenRequest(t, agentNamespace, agentSA, ""))
 	e := servers[0]
 	a := e.startAgentOpts("ha-agent", lb, append(mtlsAgentArgs(t),
 		"--count-server-leases", "--kubeconfig="+agentKC, "--lease-namespace=kube-system", "--lease-label="+labelStr)...)
