@@ -177,7 +177,7 @@ async fn serve_agent(
             message = inbound.message() => match message {
                 // Boxed: inline, the state of every path a packet can take (a dial's answer,
                 // a close at the agent, the budget) would stay in this task, and so in every
-                // idle agent's memory (issue 15); one small allocation per packet instead.
+                // idle agent's memory; one small allocation per packet instead.
                 Ok(Some(packet)) => Box::pin(route_from_agent(&session, &shared.registry, metrics, packet)).await,
                 Ok(None) => {
                     tracing::info!(v = 2, agentID = %agent_id, "Receive stream from agent is closed");

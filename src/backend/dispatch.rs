@@ -22,7 +22,7 @@ pub async fn send_to_agent_bounded(agent: &AgentSession, packet: Packet) {
     const CONTROL_SEND_LIMIT: Duration = Duration::from_secs(5);
     let kind = packet_type_name(packet.r#type);
     // Boxed: cleanup paths run rarely, and inline their timer and channel send would be part
-    // of the future of every agent stream and every tunnel task, idle or not (issue 15).
+    // of the future of every agent stream and every tunnel task, idle or not.
     match Box::pin(tokio::time::timeout(CONTROL_SEND_LIMIT, agent.send(packet))).await {
         Ok(Ok(())) => {}
         Ok(Err(_)) => {
@@ -54,7 +54,7 @@ pub async fn route_from_agent(
         (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
             let rsp = rsp.clone();
             // Boxed, as the rare paths of `on_data` below: once per tunnel, and inline its
-            // state would be part of every agent stream's future (issue 15).
+            // state would be part of every agent stream's future.
             Box::pin(on_dial_response(agent, metrics, rsp, packet)).await
         }
         (Ok(PacketType::Data), Some(Payload::Data(data))) => {

@@ -81,7 +81,7 @@ pub enum Released {
 
 /// The packets waiting to be written to an agent's stream. Boxed: tokio's channel allocates its
 /// slots 32 at a time, on creation, and 32 packets inline are 2.3 KiB held by every connected
-/// agent, idle or not; 32 boxes are 256 B, for one small allocation per packet (issue 15).
+/// agent, idle or not; 32 boxes are 256 B, for one small allocation per packet.
 pub type Outbound = mpsc::Sender<Box<Packet>>;
 
 pub struct AgentSession {

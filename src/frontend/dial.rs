@@ -98,7 +98,7 @@ pub async fn dial(
     let kind = spec.kind;
     // Boxed: a dial runs once per tunnel, and its state (the pick, the start-up grace wait,
     // the DIAL_REQ send under a timeout) would otherwise stay in the frontend task's future,
-    // and so in its memory, for the tunnel's whole life (issue 15).
+    // and so in its memory, for the tunnel's whole life.
     let result = Box::pin(send_dial(shared, link, spec)).await;
     if let Err(e) = result {
         e.record(kind, &shared.metrics);

@@ -420,7 +420,7 @@ impl FrontendLink {
             return;
         }
         // Boxed: the wait (a notification and a timer) is the slow path, and inline it would
-        // be part of every agent stream's future, and so of its memory (issue 15).
+        // be part of every agent stream's future, and so of its memory.
         Box::pin(self.wait_for_room()).await
     }
 
