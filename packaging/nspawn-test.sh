@@ -225,11 +225,13 @@ CROOT="/proc/$LEADER/root"
 # Run a command inside the container (all its namespaces, clean environment).
 c() { nsenter -t "$LEADER" -a -- /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
         SYSTEMD_PAGER=cat SYSTEMD_COLORS=0 "$@"; }
-# PID 1 may not accept bus connections yet ("Failed to connect to bus"): retry until it does.
+# PID 1 may not accept bus connections yet ("Failed to connect to bus"), or not yet be the
+# manager systemctl can talk to ("offline", seen once in a few runs right after the start):
+# retry until it answers.
 BOOT_DEADLINE=$(( $(date +%s) + 60 ))
 while :; do
   STATE="$(c timeout 60 systemctl is-system-running --wait 2>&1)"
-  [[ "$STATE" == *"Failed to connect to bus"* && $(date +%s) -lt $BOOT_DEADLINE ]] || break
+  [[ ( "$STATE" == *"Failed to connect to bus"* || "$STATE" == offline ) && $(date +%s) -lt $BOOT_DEADLINE ]] || break
   sleep 0.1
 done
 log "system state: $STATE (container PID 1 = host pid $LEADER)"
