@@ -93,7 +93,9 @@ impl DevSetup {
             "konnectivity-server development mode\n\
              \x20 {what} development CA and certificates in {dir}\n\
              \x20 frontend (gRPC, for kube-apiserver's egress selector): {socket}\n\
-             \x20 connect an agent with:\n\
+             \x20 connect our agent with (from this checkout):\n\
+             \x20   cargo run --bin konnectivity-agent -- --dev\n\
+             \x20 or any agent, upstream's proxy-agent too, with:\n\
              \x20   proxy-agent --ca-cert={ca} --agent-cert={cert} --agent-key={key} \\\n\
              \x20     --proxy-server-host=127.0.0.1 --proxy-server-port={agent_port}\n",
             what = if self.generated {
