@@ -5,8 +5,39 @@
 use std::process::ExitCode;
 
 use crate::config::layers::{self, CommandLine};
-use crate::config::Layered;
+use crate::config::{Layered, LogFormat};
 use crate::logging;
+
+/// klog's logging flags, as both programs have them.
+pub struct LogFlags<'a> {
+    pub v: u32,
+    pub vmodule: &'a str,
+    pub log_format: &'a str,
+    pub logtostderr: bool,
+    pub alsologtostderr: bool,
+    pub log_file: &'a str,
+    pub log_dir: &'a str,
+    pub log_file_max_size: u64,
+}
+
+/// Starts logging as the flags say (stderr, journald or klog's file); `program` names the
+/// journal identifier and the file in `--log-dir`.
+pub fn init_logging(program: &'static str, flags: &LogFlags<'_>) {
+    let format = match flags.log_format {
+        "journald" => LogFormat::Journald,
+        "stderr" => LogFormat::Stderr,
+        _ => LogFormat::Auto,
+    };
+    let file = logging::FileSink::from_klog(
+        program,
+        flags.logtostderr,
+        flags.log_file,
+        flags.log_dir,
+        flags.log_file_max_size,
+        flags.alsologtostderr,
+    );
+    logging::init(program, flags.v, flags.vmodule, format, file);
+}
 
 /// Prints `message` and returns upstream's exit code for a bad start.
 pub fn fail(message: impl std::fmt::Display) -> ExitCode {

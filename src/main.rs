@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use konnectivity_server::cli::{self, fail};
 use konnectivity_server::config::{layers, Config, Options};
-use konnectivity_server::{dev, lifecycle, logging, Inherited, Listeners, Snapshot};
+use konnectivity_server::{dev, lifecycle, Inherited, Listeners, Snapshot};
 
 fn main() -> ExitCode {
     let _finish_logs = cli::FinishLogs;
@@ -18,25 +18,18 @@ fn start() -> ExitCode {
         Ok(options) => options,
         Err(e) => return fail(e),
     };
-    let log_format = match options.log_format.as_str() {
-        "journald" => konnectivity_server::config::LogFormat::Journald,
-        "stderr" => konnectivity_server::config::LogFormat::Stderr,
-        _ => konnectivity_server::config::LogFormat::Auto,
-    };
-    let log_file = logging::FileSink::from_klog(
+    cli::init_logging(
         "konnectivity-server",
-        options.logtostderr,
-        &options.log_file,
-        &options.log_dir,
-        options.log_file_max_size,
-        options.alsologtostderr,
-    );
-    logging::init(
-        "konnectivity-server",
-        options.v,
-        &options.vmodule,
-        log_format,
-        log_file,
+        &cli::LogFlags {
+            v: options.v,
+            vmodule: &options.vmodule,
+            log_format: &options.log_format,
+            logtostderr: options.logtostderr,
+            alsologtostderr: options.alsologtostderr,
+            log_file: &options.log_file,
+            log_dir: &options.log_dir,
+            log_file_max_size: options.log_file_max_size,
+        },
     );
     for warning in &options.load_warnings {
         tracing::warn!("{warning}");

@@ -139,6 +139,34 @@ const PPROF_INDEX: &str = "konnectivity-server profiles\n\
     /debug/pprof/profile?seconds=N  CPU profile (pprof protobuf; `go tool pprof URL`)\n\
     /debug/pprof/heap               allocator heap summary (text)\n";
 
+/// `/debug/pprof`, `/debug/pprof/`, `/heap` and `/profile` for either program's admin port;
+/// `index` is the page at `/debug/pprof/`.
+pub async fn pprof_route(
+    path: &str,
+    query: Option<&str>,
+    index: &'static str,
+) -> Response<Full<Bytes>> {
+    match path {
+        "/debug/pprof" => redirect("/debug/pprof/"),
+        "/debug/pprof/" => text(StatusCode::OK, index),
+        "/debug/pprof/heap" => text(StatusCode::OK, profiling::heap_summary()),
+        "/debug/pprof/profile" => {
+            let seconds = profiling::profile_seconds(query);
+            match tokio::task::spawn_blocking(move || profiling::cpu_profile(seconds)).await {
+                Ok(Ok(profile)) => Response::builder()
+                    .status(StatusCode::OK)
+                    .header("content-type", "application/octet-stream")
+                    .header("content-disposition", "attachment; filename=\"profile\"")
+                    .body(Full::new(Bytes::from(profile)))
+                    .expect("static response parts are valid"),
+                Ok(Err(e)) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
+    }
+}
+
 /// Routes one request. Every method is accepted, as Go's ServeMux does.
 pub async fn route(
     port: Port,
@@ -153,23 +181,8 @@ pub async fn route(
         (Port::Health, "/healthz") => text(StatusCode::OK, "ok"),
         (Port::Health, "/readyz" | "/ready") => readiness(shared),
         (Port::Admin, "/agents") => agents_response(shared),
-        (Port::Admin, "/debug/pprof") if profiling => redirect("/debug/pprof/"),
-        (Port::Admin, "/debug/pprof/") if profiling => text(StatusCode::OK, PPROF_INDEX),
-        (Port::Admin, "/debug/pprof/heap") if profiling => {
-            text(StatusCode::OK, profiling::heap_summary())
-        }
-        (Port::Admin, "/debug/pprof/profile") if profiling => {
-            let seconds = profiling::profile_seconds(query);
-            match tokio::task::spawn_blocking(move || profiling::cpu_profile(seconds)).await {
-                Ok(Ok(profile)) => Response::builder()
-                    .status(StatusCode::OK)
-                    .header("content-type", "application/octet-stream")
-                    .header("content-disposition", "attachment; filename=\"profile\"")
-                    .body(Full::new(Bytes::from(profile)))
-                    .expect("static response parts are valid"),
-                Ok(Err(e)) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-            }
+        (Port::Admin, path) if profiling && path.starts_with("/debug/pprof") => {
+            pprof_route(path, query, PPROF_INDEX).await
         }
         _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
     }

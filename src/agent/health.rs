@@ -14,7 +14,7 @@ use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 use super::clientset::ClientSet;
-use crate::admin::{accepts_gzip, exposition, profiling, redirect, text};
+use crate::admin::{accepts_gzip, exposition, pprof_route, redirect, text};
 
 /// Upstream's body when no server is connected.
 pub const NOT_READY_BODY: &str = "[+]ping ok\n[-]server-connected failed: no servers connected\n";
@@ -82,22 +82,8 @@ async fn route(
             let query = query.map(|q| format!("?{q}")).unwrap_or_default();
             redirect(&format!("//{host}:{health_port}/metrics{query}"))
         }
-        (Port::Admin, "/debug/pprof") if profiling_on => redirect("/debug/pprof/"),
-        (Port::Admin, "/debug/pprof/") if profiling_on => text(StatusCode::OK, PPROF_INDEX),
-        (Port::Admin, "/debug/pprof/heap") if profiling_on => {
-            text(StatusCode::OK, profiling::heap_summary())
-        }
-        (Port::Admin, "/debug/pprof/profile") if profiling_on => {
-            let seconds = profiling::profile_seconds(query);
-            match tokio::task::spawn_blocking(move || profiling::cpu_profile(seconds)).await {
-                Ok(Ok(profile)) => Response::builder()
-                    .status(StatusCode::OK)
-                    .header("content-type", "application/octet-stream")
-                    .body(Full::new(Bytes::from(profile)))
-                    .expect("static response parts are valid"),
-                Ok(Err(e)) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-            }
+        (Port::Admin, path) if profiling_on && path.starts_with("/debug/pprof") => {
+            pprof_route(path, query, PPROF_INDEX).await
         }
         _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
     }

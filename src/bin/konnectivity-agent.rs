@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use konnectivity_server::agent::{self, AgentConfig, AgentListeners, AgentOptions, Snapshot};
 use konnectivity_server::cli::{self, fail};
-use konnectivity_server::config::{layers, LogFormat};
-use konnectivity_server::{lifecycle, logging};
+use konnectivity_server::config::layers;
+use konnectivity_server::lifecycle;
 
 const PROGRAM: &str = "konnectivity-agent";
 
@@ -23,20 +23,19 @@ fn start() -> ExitCode {
         Ok(options) => options,
         Err(e) => return fail(e),
     };
-    let log_format = match options.log_format.as_str() {
-        "journald" => LogFormat::Journald,
-        "stderr" => LogFormat::Stderr,
-        _ => LogFormat::Auto,
-    };
-    let log_file = logging::FileSink::from_klog(
+    cli::init_logging(
         PROGRAM,
-        options.logtostderr,
-        &options.log_file,
-        &options.log_dir,
-        options.log_file_max_size,
-        options.alsologtostderr,
+        &cli::LogFlags {
+            v: options.v,
+            vmodule: &options.vmodule,
+            log_format: &options.log_format,
+            logtostderr: options.logtostderr,
+            alsologtostderr: options.alsologtostderr,
+            log_file: &options.log_file,
+            log_dir: &options.log_dir,
+            log_file_max_size: options.log_file_max_size,
+        },
     );
-    logging::init(PROGRAM, options.v, &options.vmodule, log_format, log_file);
     for warning in &options.load_warnings {
         tracing::warn!("{warning}");
     }
