@@ -509,3 +509,36 @@ async fn a_misbehaving_server_is_answered_counted_and_contained() {
     .await;
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profiling_pages_on_both_admin_ports_only_when_enabled() {
+    let h = Harness::start_with(&["--enable-profiling"]).await;
+    let (status, body) = Harness::http_get(h.admin_addr, "/debug/pprof/").await;
+    assert_eq!(status, 200);
+    assert!(body.starts_with("konnectivity-server profiles"), "{body}");
+    let agent = start_agent(&h, "profiled", &["--enable-profiling"]).await;
+    let (status, body) = Harness::http_get(agent.admin_addr, "/debug/pprof/").await;
+    assert_eq!(status, 200);
+    assert!(body.starts_with("konnectivity-agent profiles"), "{body}");
+    let (status, body) = Harness::http_get(agent.admin_addr, "/debug/pprof/heap").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        Harness::http_get(agent.admin_addr, "/debug/pprof").await.0,
+        301
+    );
+    assert_eq!(
+        Harness::http_get(agent.admin_addr, "/debug/pprof/nope")
+            .await
+            .0,
+        404
+    );
+    // Off by default, as upstream. One agent at a time (start_agent waits for one).
+    agent.stop().await;
+    h.wait_agents(0).await;
+    let plain = start_agent(&h, "plain", &[]).await;
+    assert_eq!(
+        Harness::http_get(plain.admin_addr, "/debug/pprof/").await.0,
+        404
+    );
+    plain.stop().await;
+}
