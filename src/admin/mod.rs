@@ -191,37 +191,70 @@ pub async fn route(
 /// Serves `port` on `listener` until the server's hard stop.
 pub fn spawn_http(tasks: &TaskTracker, listener: TcpListener, port: Port, shared: Arc<Shared>) {
     let stop = shared.hard_stop.clone();
+    let what = match port {
+        Port::Health => "health",
+        Port::Admin => "admin",
+    };
+    serve_http1(
+        tasks,
+        listener,
+        stop,
+        what,
+        move |req: Request<Incoming>| {
+            let shared = shared.clone();
+            async move {
+                let uri = req.uri();
+                let gzip = req
+                    .headers()
+                    .get_all(http::header::ACCEPT_ENCODING)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .any(accepts_gzip);
+                route(port, &shared, uri.path(), uri.query(), gzip).await
+            }
+        },
+    );
+}
+
+/// An HTTP/1.1 port of either program (health, admin): every request to `handler`, until
+/// `stop`. A failed accept (EMFILE comes in storms) is logged once per episode, then retried
+/// after a pause.
+pub fn serve_http1<H, F>(
+    tasks: &TaskTracker,
+    listener: TcpListener,
+    stop: tokio_util::sync::CancellationToken,
+    what: &'static str,
+    handler: H,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     let connections = TaskTracker::new();
     tasks.spawn(async move {
+        let mut failing = false;
         loop {
             let (stream, _) = tokio::select! {
                 _ = stop.cancelled() => break,
                 accepted = listener.accept() => match accepted {
-                    Ok(conn) => conn,
+                    Ok(conn) => {
+                        failing = false;
+                        conn
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, ?port, "accept failed");
+                        if !failing {
+                            tracing::warn!(error = %e, port = what, "accept failed");
+                            failing = true;
+                        }
                         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                         continue;
                     }
                 },
             };
-            let shared = shared.clone();
-            let stop = stop.clone();
+            let (handler, stop) = (handler.clone(), stop.clone());
             connections.spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
-                    let shared = shared.clone();
-                    async move {
-                        let uri = req.uri();
-                        let gzip = req
-                            .headers()
-                            .get_all(http::header::ACCEPT_ENCODING)
-                            .iter()
-                            .filter_map(|v| v.to_str().ok())
-                            .any(accepts_gzip);
-                        Ok::<_, Infallible>(
-                            route(port, &shared, uri.path(), uri.query(), gzip).await,
-                        )
-                    }
+                    let response = handler(req);
+                    async move { Ok::<_, Infallible>(response.await) }
                 });
                 let conn = hyper::server::conn::http1::Builder::new()
                     .header_read_timeout(std::time::Duration::from_secs(60))

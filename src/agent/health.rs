@@ -1,20 +1,17 @@
 //! The agent's health port (`/healthz`, `/readyz`, `/ready`, `/metrics`) and admin port
 //! (`/metrics` redirects to the health port, as upstream; pprof with --enable-profiling).
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
 use super::clientset::ClientSet;
-use crate::admin::{accepts_gzip, exposition, pprof_route, redirect, text};
+use crate::admin::{accepts_gzip, exposition, pprof_route, redirect, serve_http1, text};
 
 /// Upstream's body when no server is connected.
 pub const NOT_READY_BODY: &str = "[+]ping ok\n[-]server-connected failed: no servers connected\n";
@@ -98,49 +95,18 @@ pub fn spawn(
     health_port: u16,
 ) {
     let stop = servers.state().stop.clone();
-    let connections = TaskTracker::new();
-    tasks.spawn(async move {
-        let mut failures_logged = false;
-        loop {
-            let (stream, _) = tokio::select! {
-                _ = stop.cancelled() => break,
-                accepted = listener.accept() => match accepted {
-                    Ok(conn) => {
-                        failures_logged = false;
-                        conn
-                    }
-                    Err(e) => {
-                        // One line per episode (EMFILE comes in storms), then a pause.
-                        if !failures_logged {
-                            tracing::warn!(error = %e, ?port, "accept failed");
-                            failures_logged = true;
-                        }
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
+    let what = match port {
+        Port::Health => "health",
+        Port::Admin => "admin",
+    };
+    serve_http1(
+        tasks,
+        listener,
+        stop,
+        what,
+        move |request: Request<Incoming>| {
             let servers = servers.clone();
-            let stop = stop.clone();
-            connections.spawn(async move {
-                let service = service_fn(move |request: Request<Incoming>| {
-                    let servers = servers.clone();
-                    async move {
-                        Ok::<_, Infallible>(route(port, &servers, &request, health_port).await)
-                    }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .header_read_timeout(std::time::Duration::from_secs(60))
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .serve_connection(TokioIo::new(stream), service);
-                tokio::pin!(conn);
-                tokio::select! {
-                    _ = conn.as_mut() => {}
-                    _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
-                }
-            });
-        }
-        connections.close();
-        connections.wait().await;
-    });
+            async move { route(port, &servers, &request, health_port).await }
+        },
+    );
 }
