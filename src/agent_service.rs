@@ -9,8 +9,10 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::backend::dispatch::{route_from_agent, teardown_agent};
+use crate::backend::liveness::{watch, Unanswered};
 use crate::backend::session::AgentSession;
 use crate::identifiers::AgentIdentifiers;
+use crate::listen::ConnStreams;
 use crate::metrics::{stream_error_code, Segment};
 use crate::proto::agent_service_server::AgentService;
 use crate::proto::Packet;
@@ -97,11 +99,16 @@ impl AgentService for AgentServer {
 
         let (outbound_tx, outbound_rx) = mpsc::channel(snapshot.config.xfr_channel_size);
         let retired = shared.hard_stop.child_token();
+        let ping = request
+            .extensions()
+            .get::<ConnStreams>()
+            .and_then(|conn| conn.ping().cloned());
         let session = Arc::new(AgentSession::new(
             agent_id,
             identifiers,
             outbound_tx,
             retired.clone(),
+            ping,
             shared.metrics.clone(),
         ));
         tracing::info!(
@@ -167,11 +174,24 @@ async fn serve_agent(
 ) {
     let metrics = &shared.metrics;
     let agent_id = &session.agent_id;
+    let liveness = watch(&session, &shared);
+    tokio::pin!(liveness);
     loop {
         tokio::select! {
             biased;
             _ = session.retired.cancelled() => {
                 tracing::info!(v = 2, agentID = %agent_id, "Backend connection retired");
+                break;
+            }
+            Unanswered(silent) = &mut liveness => {
+                tracing::warn!(agentID = %agent_id, unanswered = ?silent, "agent did not answer PING: retiring its connection, failing its dials and closing its tunnels");
+                metrics.unanswered_agent_retirements.inc();
+                session.set_draining();
+                if let Some(ping) = &session.ping {
+                    // The connection itself goes too: nothing on it can be answered.
+                    ping.kill();
+                }
+                session.retired.cancel();
                 break;
             }
             message = inbound.message() => match message {
@@ -198,6 +218,7 @@ async fn serve_agent(
         }
     }
     shared.registry.remove(&session);
+    session.set_suspect(false, metrics);
     session.retired.cancel();
     teardown_agent(&session, metrics);
     metrics

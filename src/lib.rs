@@ -20,6 +20,7 @@ pub mod wire;
 
 // Building blocks.
 mod authority;
+mod h2_ping;
 mod kubernetes;
 pub mod tls;
 mod tunnel;

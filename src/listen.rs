@@ -447,14 +447,20 @@ pub struct ConnStreams(Arc<ConnState>);
 
 #[derive(Debug, Default)]
 struct ConnState {
+    /// The connection's own PINGs (agent connections).
+    ping: Option<crate::h2_ping::PingHandle>,
     opened: std::sync::atomic::AtomicU64,
     /// The connection's drain token (see [`Accepted`]) until its first stream takes it.
     hold: std::sync::Mutex<Option<TaskTrackerToken>>,
 }
 
 impl ConnStreams {
-    fn new(hold: Option<TaskTrackerToken>) -> ConnStreams {
+    fn new(
+        hold: Option<TaskTrackerToken>,
+        ping: Option<crate::h2_ping::PingHandle>,
+    ) -> ConnStreams {
         ConnStreams(Arc::new(ConnState {
+            ping,
             opened: Default::default(),
             hold: std::sync::Mutex::new(hold),
         }))
@@ -466,6 +472,11 @@ impl ConnStreams {
             .opened
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel)
             == 0
+    }
+
+    /// The handle that PINGs this connection, where it has one.
+    pub fn ping(&self) -> Option<&crate::h2_ping::PingHandle> {
+        self.0.ping.as_ref()
     }
 
     /// The connection's drain token, for its first stream to hold while it runs.
@@ -485,10 +496,10 @@ pub struct Tracked<IO> {
 }
 
 impl<IO> Tracked<IO> {
-    pub fn new(accepted: Accepted<IO>) -> Tracked<IO> {
+    pub fn new(accepted: Accepted<IO>, ping: Option<crate::h2_ping::PingHandle>) -> Tracked<IO> {
         Tracked {
             io: accepted.io,
-            streams: ConnStreams::new(accepted.hold),
+            streams: ConnStreams::new(accepted.hold, ping),
         }
     }
 }

@@ -117,6 +117,12 @@ pub struct Metrics {
     startup_waits: IntCounterVec,
     /// Beyond upstream: dials waiting for an agent right now (--startup-dial-grace).
     pub dials_waiting_for_agent: IntGauge,
+    /// Beyond upstream: agent streams whose PING is unanswered past --agent-suspect-timeout.
+    pub suspect_agents: IntGauge,
+    /// Beyond upstream: agent streams retired for a PING unanswered past --agent-retire-timeout.
+    pub unanswered_agent_retirements: prometheus::IntCounter,
+    /// Beyond upstream: dials sent once more because their agent stopped answering, by result.
+    dial_retries: IntCounterVec,
     /// Beyond upstream: protocol violations by peers, whose log lines are rate limited.
     pub peer_violations: IntCounterVec,
     /// Beyond upstream: the allocator's view of memory, read at each scrape.
@@ -260,6 +266,18 @@ impl Metrics {
                 "dials_waiting_for_agent",
                 "Dials that found no agent during --startup-dial-grace and are waiting for one now.",
             )).expect("a valid metric definition"),
+            suspect_agents: IntGauge::with_opts(opts(
+                "suspect_agents",
+                "Agent streams whose PING is unanswered past --agent-suspect-timeout: they get no new dials while another agent can take them.",
+            )).expect("a valid metric definition"),
+            unanswered_agent_retirements: prometheus::IntCounter::with_opts(opts(
+                "unanswered_agent_retirements_total",
+                "Agent streams retired because their PING went unanswered for --agent-retire-timeout.",
+            )).expect("a valid metric definition"),
+            dial_retries: IntCounterVec::new(
+                opts("dial_retries_total", "Dials whose agent stopped answering before it answered them, sent once more to another agent, by result (sent; no_other_agent: none could take it, the dial kept waiting; failed: the second send failed)."),
+                &["result"],
+            ).expect("a valid metric definition"),
             violation_log: governor::RateLimiter::direct(violation_log_quota()),
             violations_unlogged: std::sync::atomic::AtomicU64::new(0),
             violations_logged: std::sync::atomic::AtomicU64::new(0),
@@ -349,6 +367,9 @@ impl Metrics {
             Box::new(self.peer_violations.clone()),
             Box::new(self.startup_waits.clone()),
             Box::new(self.dials_waiting_for_agent.clone()),
+            Box::new(self.suspect_agents.clone()),
+            Box::new(self.unanswered_agent_retirements.clone()),
+            Box::new(self.dial_retries.clone()),
             Box::new(self.allocator_bytes[0].clone()),
             Box::new(self.allocator_bytes[1].clone()),
             Box::new(self.allocator_bytes[2].clone()),
@@ -378,6 +399,15 @@ impl Metrics {
     pub fn startup_wait(&self, found: bool) {
         let result = if found { "agent" } else { "no_agent" };
         self.startup_waits.with_label_values(&[result]).inc();
+    }
+
+    /// Counts a dial's second try (`sent`, `no_other_agent`, `failed`).
+    pub fn dial_retry(&self, result: &'static str) {
+        self.dial_retries.with_label_values(&[result]).inc();
+    }
+
+    pub fn dial_retries(&self, result: &str) -> u64 {
+        self.dial_retries.with_label_values(&[result]).get()
     }
 
     /// Dials that waited during the start-up grace with this result (`agent`, `no_agent`).

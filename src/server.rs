@@ -13,6 +13,7 @@ use crate::agent_service::AgentServer;
 use crate::authority::AuthorityScrub;
 use crate::config::{Config, Mode};
 use crate::frontend::grpc::ProxyFrontend;
+use crate::h2_ping::{PingHandle, PingIo};
 use crate::listen::{
     hold_open, spawn_tls_acceptor, spawn_uds_acceptor, Accepted, BindError, FrontendListener,
     Listeners, Tracked,
@@ -162,6 +163,7 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         &servers,
         grpc_server(config.keepalive_time).add_service(agent_service),
         agents,
+        with_pings,
         shared.hard_stop.clone(),
         "agent",
     );
@@ -279,37 +281,67 @@ fn spawn_grpc_frontend(
         // Invalid :authority values are mended before h2 sees them (see authority.rs).
         FrontendListener::Unix(listener) => {
             let incoming = spawn_uds_acceptor(listener, holds, stop);
-            serve_grpc(servers, frontend_server, incoming, hard_stop, "frontend");
+            serve_grpc(
+                servers,
+                frontend_server,
+                incoming,
+                without_pings,
+                hard_stop,
+                "frontend",
+            );
         }
         FrontendListener::Tcp(listener) => {
             let what = "the frontend port";
             let incoming =
                 spawn_tls_acceptor(shared, what, listener, frontend_tls, Some(holds), stop);
-            serve_grpc(servers, frontend_server, incoming, hard_stop, "frontend");
+            serve_grpc(
+                servers,
+                frontend_server,
+                incoming,
+                without_pings,
+                hard_stop,
+                "frontend",
+            );
         }
     }
 }
 
-/// Runs a gRPC router on `incoming` until `stop`. Every connection reads through
-/// [`AuthorityScrub`], so clients that send an invalid `:authority` are served.
-fn serve_grpc<IO, S>(
+/// The agent port's connections: each with PINGs of our own (`backend::liveness`).
+fn with_pings<IO>(io: IO) -> (PingIo<IO>, Option<PingHandle>) {
+    let (io, ping) = PingIo::new(io);
+    (io, Some(ping))
+}
+
+fn without_pings<IO>(io: IO) -> (IO, Option<PingHandle>) {
+    (io, None)
+}
+
+/// Runs a gRPC router on `incoming` until `stop`. Every connection is wrapped by `wrap`, then
+/// reads through [`AuthorityScrub`], so clients that send an invalid `:authority` are served.
+fn serve_grpc<IO, Wrapped, S>(
     servers: &TaskTracker,
     router: tonic::transport::server::Router,
     incoming: S,
+    wrap: fn(IO) -> (Wrapped, Option<PingHandle>),
     stop: CancellationToken,
     what: &'static str,
 ) where
     S: futures_util::Stream<Item = Accepted<IO>> + Send + 'static,
-    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    IO: Send + 'static,
+    Wrapped: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     servers.spawn(async move {
         if let Err(e) = router
             .serve_with_incoming_shutdown(
-                hold_open(incoming.map(|accepted| {
-                    Tracked::new(Accepted {
-                        io: AuthorityScrub::new(accepted.io),
-                        hold: accepted.hold,
-                    })
+                hold_open(incoming.map(move |accepted| {
+                    let (io, ping) = wrap(accepted.io);
+                    Tracked::new(
+                        Accepted {
+                            io: AuthorityScrub::new(io),
+                            hold: accepted.hold,
+                        },
+                        ping,
+                    )
                 })),
                 stop.cancelled_owned(),
             )

@@ -95,7 +95,7 @@ fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
     }
 }
 
-/// Connected agents, for operators: identifiers, stream age, draining, routes.
+/// Connected agents, for operators: identifiers, stream age, draining, liveness, routes.
 fn agents_response(shared: &Shared) -> Response<Full<Bytes>> {
     let agents: Vec<serde_json::Value> = shared
         .registry
@@ -104,6 +104,8 @@ fn agents_response(shared: &Shared) -> Response<Full<Bytes>> {
         .map(|agent| {
             let (pending, established) = agent.counts();
             let ids = &agent.identifiers;
+            let ping = agent.ping.as_ref();
+            let ago = |at: Option<tokio::time::Instant>| at.map(|at| at.elapsed().as_secs_f64());
             serde_json::json!({
                 "agent_id": agent.agent_id,
                 "stream": agent.uid,
@@ -113,6 +115,9 @@ fn agents_response(shared: &Shared) -> Response<Full<Bytes>> {
                 },
                 "stream_age_seconds": agent.connected_at.elapsed().as_secs_f64(),
                 "draining": agent.is_draining(),
+                "suspect": agent.is_suspect(),
+                "ping_unanswered_seconds": ago(ping.and_then(|p| p.unanswered_since())),
+                "last_ping_answer_seconds_ago": ago(ping.and_then(|p| p.last_answer())),
                 "pending_dials": pending,
                 "tunnels": established,
             })

@@ -2,7 +2,7 @@
 //! send, and the strategies that pick an agent for a dial.
 
 pub mod dispatch;
-
+pub mod liveness;
 pub mod session;
 pub mod strategy;
 
@@ -128,7 +128,21 @@ impl Registry {
     pub fn pick(&self, address: &str) -> Option<Arc<AgentSession>> {
         let agents = self.lock();
         let dest_host = remove_port_from_host(address);
-        agents.storages.iter().find_map(|s| s.pick(&dest_host))
+        agents
+            .storages
+            .iter()
+            .find_map(|s| s.pick(&dest_host, None))
+    }
+
+    /// Another agent than `not` for `address`, one that is neither draining nor suspect: where
+    /// a dial goes once more when its agent stopped answering.
+    pub fn pick_instead_of(&self, address: &str, not: &AgentSession) -> Option<Arc<AgentSession>> {
+        let agents = self.lock();
+        let dest_host = remove_port_from_host(address);
+        agents
+            .storages
+            .iter()
+            .find_map(|s| s.pick(&dest_host, Some(not)))
     }
 
     /// Ready when the first strategy's storage holds at least one agent, as upstream.

@@ -13,6 +13,7 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::h2_ping::PingHandle;
 use crate::identifiers::AgentIdentifiers;
 use crate::metrics::{Metrics, Segment};
 use crate::proto::Packet;
@@ -84,6 +85,15 @@ pub enum Released {
 /// agent, idle or not; 32 boxes are 256 B, for one small allocation per packet.
 pub type Outbound = mpsc::Sender<Box<Packet>>;
 
+/// What [`super::liveness::watch`] shares with the dial path.
+#[derive(Default)]
+pub struct LivenessState {
+    suspect: AtomicBool,
+    /// Set while the watch sleeps past the wait of a dial added now: such a dial wakes it.
+    pub wake_on_dial: AtomicBool,
+    pub dial_added: tokio::sync::Notify,
+}
+
 pub struct AgentSession {
     pub uid: u64,
     pub agent_id: String,
@@ -93,6 +103,9 @@ pub struct AgentSession {
     draining: AtomicBool,
     /// Cancelled to end this agent's stream (server stop, or a retired backend).
     pub retired: CancellationToken,
+    /// The agent's connection, to PING (`None` for sessions built without one, in tests).
+    pub ping: Option<PingHandle>,
+    pub liveness: LivenessState,
     routes: Mutex<Routes>,
     metrics: Arc<Metrics>,
 }
@@ -103,6 +116,7 @@ impl AgentSession {
         identifiers: AgentIdentifiers,
         outbound: Outbound,
         retired: CancellationToken,
+        ping: Option<PingHandle>,
         metrics: Arc<Metrics>,
     ) -> AgentSession {
         AgentSession {
@@ -113,6 +127,8 @@ impl AgentSession {
             outbound,
             draining: AtomicBool::new(false),
             retired,
+            ping,
+            liveness: LivenessState::default(),
             routes: Mutex::new(Routes::default()),
             metrics,
         }
@@ -130,6 +146,38 @@ impl AgentSession {
 
     pub fn set_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the agent left a PING unanswered past --agent-suspect-timeout.
+    pub fn is_suspect(&self) -> bool {
+        self.liveness.suspect.load(Ordering::Acquire)
+    }
+
+    /// Whether the agent should get no new dials while another can take them.
+    pub fn is_avoided(&self) -> bool {
+        self.is_draining() || self.is_suspect()
+    }
+
+    /// Marks the agent suspect or not; returns whether that changed.
+    pub fn set_suspect(&self, suspect: bool, metrics: &Metrics) -> bool {
+        let changed = self.liveness.suspect.swap(suspect, Ordering::AcqRel) != suspect;
+        if changed {
+            metrics.suspect_agents.add(if suspect { 1 } else { -1 });
+        }
+        changed
+    }
+
+    /// Whether the agent answered a PING after `since`.
+    pub fn answered_since(&self, since: Instant) -> bool {
+        self.ping
+            .as_ref()
+            .and_then(PingHandle::last_answer)
+            .is_some_and(|at| at.into_std() > since)
+    }
+
+    /// When the oldest dial still waiting for this agent was sent.
+    pub fn oldest_pending_dial(&self) -> Option<Instant> {
+        self.routes().pending.values().map(|p| p.started).min()
     }
 
     /// Sends a packet to the agent, waiting for room in its queue.
@@ -174,8 +222,16 @@ impl AgentSession {
                 started: Instant::now(),
             },
         );
+        drop(routes);
         self.metrics.pending_backend_dials.inc();
+        if self.liveness.wake_on_dial.swap(false, Ordering::AcqRel) {
+            self.liveness.dial_added.notify_one();
+        }
         Ok(())
+    }
+
+    pub fn is_pending(&self, dial_id: i64) -> bool {
+        self.routes().pending.contains_key(&dial_id)
     }
 
     pub fn take_pending(&self, dial_id: i64) -> Option<PendingDial> {
@@ -329,6 +385,7 @@ impl std::fmt::Debug for AgentSession {
             .field("uid", &self.uid)
             .field("agent_id", &self.agent_id)
             .field("draining", &self.is_draining())
+            .field("suspect", &self.is_suspect())
             .finish()
     }
 }
@@ -344,6 +401,7 @@ mod tests {
             AgentIdentifiers::default(),
             outbound,
             CancellationToken::new(),
+            None,
             Arc::new(Metrics::new()),
         )
     }

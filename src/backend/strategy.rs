@@ -15,6 +15,10 @@ pub struct Storage {
     agents: HashMap<String, Vec<Arc<AgentSession>>>,
 }
 
+fn is(agent: &AgentSession, other: Option<&AgentSession>) -> bool {
+    other.is_some_and(|o| std::ptr::eq(agent, o))
+}
+
 impl Storage {
     pub fn new(strategy: Strategy) -> Storage {
         Storage {
@@ -71,38 +75,55 @@ impl Storage {
         self.keys.is_empty()
     }
 
-    /// Picks an agent for a dial to `dest_host` (the address without its port).
-    pub fn pick(&self, dest_host: &str) -> Option<Arc<AgentSession>> {
+    /// Picks an agent for a dial to `dest_host` (the address without its port). With
+    /// `instead_of`, only another agent that is neither draining nor suspect (a dial's second
+    /// try); without, a draining or suspect one when no other is left.
+    pub fn pick(
+        &self,
+        dest_host: &str,
+        instead_of: Option<&AgentSession>,
+    ) -> Option<Arc<AgentSession>> {
         match self.strategy {
             Strategy::DestHost => {
                 let list = self.agents.get(dest_host)?;
+                let fallback = if instead_of.is_some() {
+                    None
+                } else {
+                    list.first()
+                };
                 list.iter()
-                    .find(|a| !a.is_draining())
-                    .or_else(|| list.first())
+                    .find(|a| !a.is_avoided() && !is(a, instead_of))
+                    .or(fallback)
                     .cloned()
             }
-            Strategy::Default | Strategy::DefaultRoute => self.pick_random(),
+            Strategy::Default | Strategy::DefaultRoute => self.pick_random(instead_of),
         }
     }
 
-    /// A random starting key, then the first non-draining agent; a draining one only when
-    /// every agent drains.
-    fn pick_random(&self) -> Option<Arc<AgentSession>> {
+    /// A random starting key, then the first agent neither draining nor suspect; a draining
+    /// or suspect one only when every agent is (and never for a second try).
+    fn pick_random(&self, instead_of: Option<&AgentSession>) -> Option<Arc<AgentSession>> {
         if self.keys.is_empty() {
             return None;
         }
         let start = fastrand::usize(..self.keys.len());
-        let mut first_draining = None;
+        let mut first_avoided = None;
         for i in 0..self.keys.len() {
             let key = &self.keys[(start + i) % self.keys.len()];
             let Some(agent) = self.agents.get(key).and_then(|l| l.first()) else {
                 continue;
             };
-            if !agent.is_draining() {
+            if is(agent, instead_of) {
+                continue;
+            }
+            if !agent.is_avoided() {
                 return Some(agent.clone());
             }
-            first_draining.get_or_insert_with(|| agent.clone());
+            first_avoided.get_or_insert_with(|| agent.clone());
         }
-        first_draining
+        if instead_of.is_some() {
+            return None;
+        }
+        first_avoided
     }
 }

@@ -137,6 +137,21 @@ pub struct Options {
     /// Timeout for sending DIAL_REQ to an agent and for its DIAL_RSP. 0 disables it.
     #[arg(long, default_value = "0s", allow_hyphen_values = true)]
     pub backend_dial_timeout: GoDuration,
+    /// Beyond upstream: how often each agent connection is sent an HTTP/2 PING to learn that
+    /// the agent still answers, whatever --keepalive-time says. 0 turns the check off.
+    #[arg(long, default_value = "5s", allow_hyphen_values = true)]
+    pub agent_ping_interval: GoDuration,
+    /// Beyond upstream: a DIAL_REQ unanswered this long sends its agent a PING at once.
+    #[arg(long, default_value = "500ms", allow_hyphen_values = true)]
+    pub agent_ping_dial_wait: GoDuration,
+    /// Beyond upstream: an agent whose PING is unanswered this long gets no new dials while
+    /// another agent can take them, and its pending dials are retried once on another agent.
+    #[arg(long, default_value = "1.5s", allow_hyphen_values = true)]
+    pub agent_suspect_timeout: GoDuration,
+    /// Beyond upstream: an agent whose PING is unanswered this long is retired: its
+    /// connection closed, its pending dials answered with an error, its tunnels closed.
+    #[arg(long, default_value = "10s", allow_hyphen_values = true)]
+    pub agent_retire_timeout: GoDuration,
     /// Strategies that pick an agent, in order: default, destHost, defaultRoute.
     #[arg(long, default_value = "default")]
     pub proxy_strategies: String,

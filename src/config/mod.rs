@@ -306,6 +306,25 @@ impl Options {
                 self.startup_dial_grace
             ));
         }
+        for (name, value) in [
+            ("agent-ping-interval", self.agent_ping_interval),
+            ("agent-ping-dial-wait", self.agent_ping_dial_wait),
+            ("agent-suspect-timeout", self.agent_suspect_timeout),
+            ("agent-retire-timeout", self.agent_retire_timeout),
+        ] {
+            if value.is_negative() {
+                return fail(format!("{name} must be >= 0, got {value}"));
+            }
+        }
+        if self.agent_ping_interval.0 > 0
+            && (self.agent_suspect_timeout.0 <= 0
+                || self.agent_retire_timeout.0 <= self.agent_suspect_timeout.0)
+        {
+            return fail(format!(
+                "agent-retire-timeout ({}) must be longer than agent-suspect-timeout ({}), which must be > 0",
+                self.agent_retire_timeout, self.agent_suspect_timeout
+            ));
+        }
         if self.backend_dial_timeout.is_negative() {
             return fail(format!(
                 "backend-dial-timeout must be >= 0, got {}",
@@ -413,6 +432,8 @@ pub struct Config {
     pub frontend_keepalive_time: Duration,
     /// None when disabled (0).
     pub backend_dial_timeout: Option<Duration>,
+    /// None when --agent-ping-interval is 0.
+    pub agent_liveness: Option<AgentLiveness>,
     pub graceful_shutdown_timeout: Duration,
     pub startup_dial_grace: Duration,
     pub enable_profiling: bool,
@@ -435,6 +456,20 @@ pub struct Config {
     pub watch_files: bool,
     /// The config file in use, watched for changes.
     pub config_file: Option<PathBuf>,
+}
+
+/// How the server learns that an agent stopped answering (`--agent-ping-*`,
+/// `--agent-suspect-timeout`, `--agent-retire-timeout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentLiveness {
+    /// A PING this long after the last answer.
+    pub interval: Duration,
+    /// A PING as soon as a dial waited this long.
+    pub dial_wait: Duration,
+    /// Unanswered this long: no new dials, pending ones retried elsewhere.
+    pub suspect_after: Duration,
+    /// Unanswered this long: retired.
+    pub retire_after: Duration,
 }
 
 /// Where logs go (`--log-format`).
@@ -551,6 +586,12 @@ impl Config {
             keepalive_time: options.keepalive_time.to_std(),
             frontend_keepalive_time: options.frontend_keepalive_time.to_std(),
             backend_dial_timeout: nonzero(options.backend_dial_timeout),
+            agent_liveness: nonzero(options.agent_ping_interval).map(|interval| AgentLiveness {
+                interval,
+                dial_wait: options.agent_ping_dial_wait.to_std(),
+                suspect_after: options.agent_suspect_timeout.to_std(),
+                retire_after: options.agent_retire_timeout.to_std(),
+            }),
             graceful_shutdown_timeout: options.graceful_shutdown_timeout.to_std(),
             startup_dial_grace: options.startup_dial_grace.to_std(),
             enable_profiling: options.enable_profiling,

@@ -68,6 +68,12 @@ pub struct Dial {
     pub id: i64,
     /// When a still-pending dial times out (--backend-dial-timeout); `None` once settled.
     pub deadline: Option<Instant>,
+    /// When to look whether the agent still answers while the dial waits; `None` once the
+    /// dial is answered, its agent answered a PING since, or it was sent a second time.
+    check_at: Option<Instant>,
+    sent_at: std::time::Instant,
+    /// The DIAL_REQ, for a second try on another agent (only while one can come).
+    second_try: Option<Box<Packet>>,
     link: Arc<FrontendLink>,
     metrics: Arc<Metrics>,
     /// Keeps the drain waiting while this tunnel holds anything at its agent.
@@ -135,14 +141,12 @@ async fn send_dial(
         })?;
     let drain = shared.tunnel_token();
     tracing::info!(v = 3, agentID = %agent.agent_id, dialID = dial_id, dialAddress = %address, "Pick agent as backend");
-    let timeout = shared.snapshot().config.backend_dial_timeout;
-    let sent = match timeout {
-        Some(limit) => tokio::time::timeout(limit, agent.send(request))
-            .await
-            .map_err(|_| DialError::SendTimedOut)
-            .and_then(|sent| sent.map_err(|_| DialError::SendFailed)),
-        None => agent.send(request).await.map_err(|_| DialError::SendFailed),
-    };
+    let snapshot = shared.snapshot();
+    let timeout = snapshot.config.backend_dial_timeout;
+    let liveness = snapshot.config.agent_liveness;
+    let second_try = liveness.map(|_| Box::new(request.clone()));
+    let sent_at = std::time::Instant::now();
+    let sent = send_within(&agent, request, timeout).await;
     // A failed send whose pending entry is already gone was answered through the link (the
     // agent's teardown sent the frontend its DIAL_RSP): the tunnel then goes on as if sent.
     if let Err(e) = sent {
@@ -161,10 +165,44 @@ async fn send_dial(
         agent,
         id: dial_id,
         deadline: timeout.map(|t| Instant::now() + t),
+        check_at: liveness.map(|l| Instant::now() + l.dial_wait + l.suspect_after + CHECK_SLACK),
+        sent_at,
+        second_try,
         link: link.clone(),
         metrics: shared.metrics.clone(),
         _drain: drain,
     })
+}
+
+/// Sends a DIAL_REQ within --backend-dial-timeout.
+async fn send_within(
+    agent: &AgentSession,
+    request: Packet,
+    timeout: Option<std::time::Duration>,
+) -> Result<(), DialError> {
+    match timeout {
+        Some(limit) => tokio::time::timeout(limit, agent.send(request))
+            .await
+            .map_err(|_| DialError::SendTimedOut)
+            .and_then(|sent| sent.map_err(|_| DialError::SendFailed)),
+        None => agent.send(request).await.map_err(|_| DialError::SendFailed),
+    }
+}
+
+/// How long after an agent should have turned suspect a waiting dial looks (the agent's
+/// watch runs on its own timer), and how often again while it is undecided.
+const CHECK_SLACK: std::time::Duration = std::time::Duration::from_millis(100);
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// What a dial's wake-up came to.
+pub enum Wake {
+    Nothing,
+    /// The dial timed out (--backend-dial-timeout); it is removed and counted.
+    Expired,
+    /// Its agent stopped answering; the dial went to another agent.
+    SentAgain,
+    /// Its agent stopped answering and the second try could not be made; the dial is gone.
+    Failed(DialError),
 }
 
 /// Just after a (re)start the agents have not reconnected yet: within --startup-dial-grace a
@@ -191,6 +229,86 @@ async fn wait_for_agent(shared: &Shared, address: &str) -> Option<Arc<AgentSessi
 }
 
 impl Dial {
+    /// When the frontend should call [`Dial::wake`].
+    pub fn wake_at(&self) -> Option<Instant> {
+        match (self.deadline, self.check_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Called at [`Dial::wake_at`]: times the dial out, or sends it to another agent when its
+    /// agent stopped answering before it answered the dial.
+    pub async fn wake(&mut self, shared: &Shared) -> Wake {
+        let now = Instant::now();
+        if self.deadline.is_some_and(|at| now >= at) {
+            return if self.expire() {
+                Wake::Expired
+            } else {
+                Wake::Nothing
+            };
+        }
+        if self.check_at.is_none_or(|at| now < at) {
+            return Wake::Nothing;
+        }
+        self.check_at = None;
+        if !self.agent.is_pending(self.id) || self.agent.answered_since(self.sent_at) {
+            // Answered, or the agent is alive and the dial merely slow.
+            self.second_try = None;
+            return Wake::Nothing;
+        }
+        if !self.agent.is_suspect() {
+            self.check_at = Some(now + RECHECK);
+            return Wake::Nothing;
+        }
+        Box::pin(self.send_again(shared)).await
+    }
+
+    async fn send_again(&mut self, shared: &Shared) -> Wake {
+        let Some(request) = self.second_try.take() else {
+            return Wake::Nothing;
+        };
+        let metrics = &shared.metrics;
+        let address = match &request.payload {
+            Some(crate::proto::packet::Payload::DialRequest(req)) => req.address.as_str(),
+            _ => return Wake::Nothing,
+        };
+        let Some(other) = shared.registry.pick_instead_of(address, &self.agent) else {
+            metrics.dial_retry("no_other_agent");
+            return Wake::Nothing;
+        };
+        if self.agent.take_pending(self.id).is_none() {
+            return Wake::Nothing;
+        }
+        if other.add_pending(self.id, self.link.clone()).is_err() {
+            metrics.dial_retry("failed");
+            // Back where it was, if that agent is still there.
+            return match self.agent.add_pending(self.id, self.link.clone()) {
+                Ok(()) => Wake::Nothing,
+                Err(_) => Wake::Failed(DialError::AgentGone),
+            };
+        }
+        tracing::info!(
+            dialID = self.id,
+            dialAddress = %address,
+            agentID = %self.agent.agent_id,
+            to = %other.agent_id,
+            "agent does not answer: dial sent to another agent"
+        );
+        // In case the first agent answers after all, it forgets the dial.
+        send_to_agent_bounded(&self.agent, dial_close(self.id)).await;
+        let timeout = shared.snapshot().config.backend_dial_timeout;
+        if let Err(e) = send_within(&other, *request, timeout).await {
+            if other.take_pending(self.id).is_some() {
+                metrics.dial_retry("failed");
+                return Wake::Failed(e);
+            }
+        }
+        metrics.dial_retry("sent");
+        self.agent = other;
+        Wake::SentAgain
+    }
+
     /// The dial deadline passed. Returns whether the dial was still pending (it is then
     /// removed and counted as a timeout); the frontend answers it.
     pub fn expire(&mut self) -> bool {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
-use super::dial::{dial, Dial, DialError, DialSpec, FrontendKind};
+use super::dial::{dial, Dial, DialError, DialSpec, FrontendKind, Wake};
 use super::{sleep_until_opt, TunnelRecord};
 use crate::backend::session::Released;
 use crate::listen::ConnStreams;
@@ -93,11 +93,11 @@ impl GrpcTunnel {
         gauge.inc();
         let hard_stop = self.shared.hard_stop.clone();
         let ended = loop {
-            let deadline = self.dial.as_ref().and_then(|d| d.deadline);
+            let wake_at = self.dial.as_ref().and_then(|d| d.wake_at());
             tokio::select! {
                 biased;
                 _ = hard_stop.cancelled() => break "server stopped",
-                _ = sleep_until_opt(deadline) => self.on_dial_deadline(),
+                _ = sleep_until_opt(wake_at) => Box::pin(self.on_dial_wake()).await,
                 message = inbound.message() => match message {
                     Ok(Some(packet)) => {
                         metrics.packet(Segment::FromClient, packet.r#type);
@@ -222,12 +222,21 @@ impl GrpcTunnel {
         }
     }
 
-    fn on_dial_deadline(&mut self) {
+    async fn on_dial_wake(&mut self) {
         let Some(dial) = &mut self.dial else { return };
-        if dial.expire() {
-            let dial_id = dial.id;
-            self.reply(dial_response_error(dial_id, DIAL_TIMEOUT));
-            self.stopped = true;
+        let dial_id = dial.id;
+        match dial.wake(&self.shared).await {
+            Wake::Nothing => {}
+            Wake::SentAgain => self.record.agent_id = Some(dial.agent.agent_id.clone()),
+            Wake::Expired => {
+                self.reply(dial_response_error(dial_id, DIAL_TIMEOUT));
+                self.stopped = true;
+            }
+            Wake::Failed(e) => {
+                tracing::error!(err = %e, dialID = dial_id, "DIAL_REQ to Backend failed");
+                self.reply(dial_response_error(dial_id, AGENT_DISCONNECTED_DURING_DIAL));
+                self.stopped = true;
+            }
         }
     }
 

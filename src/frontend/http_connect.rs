@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::dial::{dial, Dial, DialError, DialSpec, FrontendKind};
+use super::dial::{dial, Dial, DialError, DialSpec, FrontendKind, Wake};
 use super::TunnelRecord;
 use crate::backend::session::AgentSession;
 use crate::proto::packet::Payload;
@@ -526,12 +526,16 @@ async fn await_dial<S: AsyncRead + Unpin>(
                 // DIAL_CLS from the agent, or the link closed: nothing to say.
                 _ => return DialOutcome::ClientGone,
             },
-            _ = crate::frontend::sleep_until_opt(dial.deadline) => {
-                if dial.expire() {
+            _ = crate::frontend::sleep_until_opt(dial.wake_at()) => match Box::pin(dial.wake(shared)).await {
+                Wake::Nothing | Wake::SentAgain => {}
+                Wake::Expired => {
                     return DialOutcome::Respond(plain_response(
                         "504 Gateway Timeout",
                         "Backend dial timeout: timed out waiting for backend dial\r\n",
                     ), Failure::Timeout);
+                }
+                Wake::Failed(_) => {
+                    return DialOutcome::Respond(plain_response("502 Bad Gateway", "Backend context error: context canceled\r\n"), Failure::AgentGone);
                 }
             },
             read = stream.read_buf(early), if early.len() < READ_CHUNK => match read {
