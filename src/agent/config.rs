@@ -35,6 +35,9 @@ pub struct QueueLimits {
     pub budget_bytes: usize,
 }
 
+/// grpc-go's floor under `--keepalive-time`.
+const MIN_KEEPALIVE: Duration = Duration::from_secs(10);
+
 /// Everything the agent runs on, immutable; a reload builds a new one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentConfig {
@@ -47,7 +50,11 @@ pub struct AgentConfig {
     /// Offered in this order; `h2` last when not named.
     pub alpn: Vec<Vec<u8>>,
     pub token_path: Option<PathBuf>,
+    /// The HTTP/2 PING interval toward servers: --keepalive-time (floored at grpc-go's 10s)
+    /// or --server-ping-interval, whichever is shorter.
     pub keepalive: Duration,
+    /// A PING unanswered this long drops the server connection.
+    pub keepalive_timeout: Duration,
     pub agent_id: String,
     /// Sent verbatim, as upstream does.
     pub identifiers: String,
@@ -222,6 +229,18 @@ impl AgentConfig {
                 o.graceful_shutdown_timeout
             )));
         }
+        if o.server_ping_interval.is_negative() {
+            return Err(invalid(format!(
+                "--server-ping-interval {} must not be negative",
+                o.server_ping_interval
+            )));
+        }
+        if o.server_ping_timeout.0 <= 0 {
+            return Err(invalid(format!(
+                "--server-ping-timeout {} must be greater than 0",
+                o.server_ping_timeout
+            )));
+        }
         if o.endpoint_dial_timeout.is_negative() || o.endpoint_dial_timeout.0 == 0 {
             return Err(invalid(format!(
                 "--endpoint-dial-timeout {} must be greater than 0",
@@ -270,7 +289,11 @@ impl AgentConfig {
             server_port,
             alpn,
             token_path: path(&o.service_account_token_path),
-            keepalive: o.keepalive_time.to_std(),
+            keepalive: match o.server_ping_interval.to_std() {
+                d if d.is_zero() => o.keepalive_time.to_std().max(MIN_KEEPALIVE),
+                d => d.min(o.keepalive_time.to_std().max(MIN_KEEPALIVE)),
+            },
+            keepalive_timeout: o.server_ping_timeout.to_std(),
             agent_id: o
                 .agent_id
                 .clone()

@@ -24,10 +24,6 @@ const HEADERS_TIMEOUT: Duration = Duration::from_secs(20);
 /// grpc-go's TCP_USER_TIMEOUT on agent connections: unacknowledged data for this long ends
 /// the connection.
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
-/// grpc-go's keepalive timeout: a PING unanswered this long ends the connection.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
-/// grpc-go's floor under `--keepalive-time`.
-const MIN_KEEPALIVE: Duration = Duration::from_secs(10);
 /// Packets queued toward a server on one stream, from every tunnel and the control replies.
 const OUTBOUND_PACKETS: usize = 64;
 
@@ -137,8 +133,8 @@ pub async fn connect_once(
             address: address.clone(),
             cause: chain(&e),
         })?
-        .http2_keep_alive_interval(config.keepalive.max(MIN_KEEPALIVE))
-        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .http2_keep_alive_interval(config.keepalive)
+        .keep_alive_timeout(config.keepalive_timeout)
         .keep_alive_while_idle(true)
         .http2_adaptive_window(true)
         .connect_timeout(HEADERS_TIMEOUT)

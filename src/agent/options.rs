@@ -170,6 +170,16 @@ pub struct AgentOptions {
     #[arg(long, default_value = "5s", allow_hyphen_values = true)]
     pub endpoint_dial_timeout: GoDuration,
 
+    /// Beyond upstream: a server connection that has read nothing this long gets an HTTP/2
+    /// PING, whatever --keepalive-time says (the shorter of the two applies). 0 leaves only
+    /// --keepalive-time.
+    #[arg(long, default_value = "5s", allow_hyphen_values = true)]
+    pub server_ping_interval: GoDuration,
+    /// Beyond upstream: a server that leaves a PING unanswered this long is dropped and
+    /// connected to again.
+    #[arg(long, default_value = "10s", allow_hyphen_values = true)]
+    pub server_ping_timeout: GoDuration,
+
     /// Beyond upstream: after the first SIGTERM, how long live tunnels may run before the
     /// agent exits; it exits as soon as none is open. 0 keeps upstream's behaviour: the agent
     /// drains and serves on until a second signal.
