@@ -75,12 +75,14 @@ const (
 	slowP50Limit    = time.Second
 	slowMaxLimit    = 2 * time.Second
 
-	// latency. Asserted for ours: MB/s >= upstream's in the same run.
-	latMS      = 50
-	latJitter  = 10
-	latBytes   = 64 << 20
-	latCap     = 60 * time.Second // a slower download is cut there (complete=false)
-	latWaitFor = 3 * time.Minute  // ours waits this long for upstream's figure
+	// latency. Asserted for ours: MB/s >= latMinRatio x upstream's in the same run (one
+	// download each, at the same time: near parity the outcome is noise, see README).
+	latMinRatio = 1.0
+	latMS       = 50
+	latJitter   = 10
+	latBytes    = 64 << 20
+	latCap      = 60 * time.Second // a slower download is cut there (complete=false)
+	latWaitFor  = 3 * time.Minute  // ours waits this long for upstream's figure
 
 	// resets. Asserted for ours: no client hung (every op answered within its timeout +
 	// rstGrace), gauges back to 0.
@@ -843,7 +845,8 @@ func scFaultLatency(t *testing.T, f *fenv) {
 		t.Errorf("64 MiB download: %v", r.err) // a cut (slow) download is a figure, a broken one a failure
 	}
 	if f.impl == "ours" && goFig != "n/a" {
-		f.check(t, mbps >= f.shared.upstreamMBps, "64 MiB at %d±%d ms each way: ours %.2f MB/s < upstream %.2f MB/s", latMS, latJitter, mbps, f.shared.upstreamMBps)
+		f.check(t, mbps >= latMinRatio*f.shared.upstreamMBps, "64 MiB at %d±%d ms each way: ours %.2f MB/s < %.2f x upstream's %.2f MB/s",
+			latMS, latJitter, mbps, latMinRatio, f.shared.upstreamMBps)
 	}
 	tp.removeBoth("agent", "lat")
 	f.quiesce(t, "faults-latency-leftover")
