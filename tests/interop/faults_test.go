@@ -749,7 +749,6 @@ func scFaultBlackholeAgent(t *testing.T, f *fenv) {
 	tp.removeBoth("agent-b", "blackhole")
 	open.conn.Close()
 	f.quiesce(t, "faults-blackhole-leftover")
-	_ = a
 }
 
 // ---------------------------------------------------------------- 2. slow link
