@@ -5,6 +5,10 @@
 //! harness's throughput scenarios (head-of-line shares) must not share the cores with the
 //! suite.
 //!
+//! The harness's TestFaults (network faults through toxiproxy) runs too: run.sh has tools.sh
+//! build the pinned toxiproxy into ~/.cache/konnectivity-tools; its FAULT-FIGURES lines are in
+//! the summary this writes.
+//!
 //! The harnesses build the upstream binaries from the Go module proxy into a cache outside the
 //! work tree. Without Go these tests are skipped, except under CI=true, where they fail.
 #![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design

@@ -40,11 +40,13 @@ echo "run.sh: upstream binaries in $BIN_DIR"
 # The real kube-apiserver + etcd for TestKube (kube_test.go, metrics_test.go): built from the
 # Go module proxy by tests/kube/build.sh into a cache outside the work tree (~10 min cold,
 # instant when cached), started by the test itself. Skipped when GO_TEST_RUN excludes TestKube.
+# tools.sh (promtool, haproxy, toxiproxy) for TestKube, TestAgentInterop (haproxy) and
+# TestFaults (toxiproxy, haproxy).
 KUBE_BIN_DIR="${KUBE_BIN_DIR:-}"
 TOOLS_ENV=()
 first_run_elem="${GO_TEST_RUN:-}"; first_run_elem="${first_run_elem%%/*}"
 runs() { [[ -z "${GO_TEST_RUN:-}" ]] || [[ "$1" =~ $first_run_elem ]]; }
-if runs TestKube || runs TestAgentInterop; then
+if runs TestKube || runs TestAgentInterop || runs TestFaults; then
   if runs TestKube && [[ -z "$KUBE_BIN_DIR" ]]; then
     kube_t0=$(date +%s)
     if KUBE_OUT="$("$HERE/../kube/build.sh")"; then
@@ -56,7 +58,7 @@ if runs TestKube || runs TestAgentInterop; then
     fi
   fi
   if TOOLS_OUT="$("$HERE/tools.sh")"; then :; else
-    echo "run.sh: tools.sh could not provide every tool (promtool, haproxy)" >&2
+    echo "run.sh: tools.sh could not provide every tool (promtool, haproxy, toxiproxy)" >&2
     if [[ "${CI:-}" == "true" ]]; then exit 1; fi
   fi
   mapfile -t TOOLS_ENV < <(printf '%s\n' "${TOOLS_OUT:-}" | grep -E '^[A-Z_]+=')
@@ -79,7 +81,9 @@ sed -nE \
   -e 's/^ *--- (PASS|FAIL|SKIP): TestAgentInterop\/(ours|upstream) \(.*/*agent: \2 \1/p' \
   -e 's/^ *--- SKIP: TestAgentInterop \(.*/*agent: all SKIP/p' \
   -e 's/^ *--- (PASS|FAIL|SKIP): TestKube\/([^ ]+)\/(ours|upstream) \(.*/kube\/\2 \3 \1/p' \
-  -e 's/^ *--- (PASS|FAIL|SKIP): TestKube\/(compare_[^ /]+) \(.*/kube\/\2 ours \1\nkube\/\2 upstream \1/p' "$LOG" |
+  -e 's/^ *--- (PASS|FAIL|SKIP): TestKube\/(compare_[^ /]+) \(.*/kube\/\2 ours \1\nkube\/\2 upstream \1/p' \
+  -e 's/^ *--- (PASS|FAIL|SKIP): TestFaults\/([^ /]+)\/(ours|upstream) \(.*/faults\/\2 \3 \1/p' \
+  -e 's/^ *--- SKIP: TestFaults\/([^ /]+) \(.*/faults\/\1 ours SKIP\nfaults\/\1 upstream SKIP/p' "$LOG" |
 awk '
   # A scenario missing for an implementation that did run is ours-only: n/a. Rows of
   # TestAgentInterop (agent:<scenario>; columns = the server) look at the runs of that test.
@@ -117,6 +121,14 @@ for fig in HOL-FIGURES BLACKHOLE-FIGURES AGENT-HOL-FIGURES AGENT-HA-FIGURES; do
     grep -oE "(^| )$fig .*" "$LOG" | sed 's/^ //' | cut -c1-330
   fi
 done
+# TestFaults (faults_test.go): one line per scenario and server, and the thresholds ours missed.
+if grep -qE '(^| )FAULT-FIGURES ' "$LOG"; then
+  grep -oE '(^| )FAULT-FIGURES .*' "$LOG" | sed 's/^ //' | sort | cut -c1-600
+fi
+if grep -qE 'FAULT-ASSERTION ' "$LOG"; then
+  echo "fault thresholds missed (ours):"
+  grep -oE 'FAULT-ASSERTION .*' "$LOG" | cut -c1-300 | sed 's/^/  /'
+fi
 for tag in TOKENREVIEW-COUNTS LEASE-TIMING HA-LB EGRESS METRICS-DIFF PROMTOOL; do
   if grep -qE "${tag}\\[|${tag}:" "$LOG"; then
     grep -oE "${tag}(\\[|:).*" "$LOG" | cut -c1-400 | sed 's/^/  /'
@@ -127,7 +139,7 @@ if grep -q 'KNOWN-UPSTREAM-DIFF' "$LOG"; then
   grep -o 'KNOWN-UPSTREAM-DIFF.*' "$LOG" | cut -c1-200 | sed 's/^/  /'
 fi
 
-if ! grep -qE -- '--- (PASS|FAIL): Test(Interop|Kube|AgentInterop)/' "$LOG"; then
+if ! grep -qE -- '--- (PASS|FAIL): Test(Interop|Kube|AgentInterop|Faults)/' "$LOG"; then
   echo "run.sh: no scenario ran" >&2
   rc=1
 fi
