@@ -14,7 +14,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use konnectivity_server::proto::agent_service_client::AgentServiceClient;
 use konnectivity_server::proto::Packet;
 
-use crate::env::{start_env, Ctx, FrontMode, Impl};
+use crate::env::{start_env, Ctx, FrontMode, Pair};
 use crate::procs::{cpu_secs, status_kib};
 use crate::workloads::Outcome;
 
@@ -98,8 +98,8 @@ pub async fn connect_agents(
     Ok(out)
 }
 
-pub async fn w_agents(ctx: &Ctx, imp: Impl, n: usize) -> Result<Outcome> {
-    let env = start_env(ctx, imp, FrontMode::Grpc, &format!("agents{n}"), &[]).await?;
+pub async fn w_agents(ctx: &Ctx, pair: Pair, n: usize) -> Result<Outcome> {
+    let env = start_env(ctx, pair, FrontMode::Grpc, &format!("agents{n}"), &[]).await?;
     let pid = env.server.pid();
     // Warm-up: lazily built state (TLS session caches, registry maps) exists before the baseline.
     let warm = connect_agents(ctx, env.agent_port, 10, "warm", 10).await?;

@@ -18,7 +18,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use tokio::task::JoinSet;
 
 use crate::agents::connect_agents;
-use crate::env::{start_env, FrontMode, Impl};
+use crate::env::{start_env, FrontMode, Impl, Pair};
 use crate::opts::{parse_opts, Opts};
 use crate::pattern::splitmix;
 use crate::procs::status_kib;
@@ -129,7 +129,15 @@ pub async fn drive(opts: Opts, spec: Spec) -> Result<i32> {
     };
     let mut env = start_env(
         &ctx,
-        Impl::Ours,
+        // Upstream's agent behind it, or ours with `--agent-bin`.
+        Pair::new(
+            Impl::Ours,
+            if opts.agent_bin.is_some() {
+                Impl::Ours
+            } else {
+                Impl::Go
+            },
+        ),
         mode,
         &format!("drive-{}", spec.what),
         &["--graceful-shutdown-timeout=1s"],

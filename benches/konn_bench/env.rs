@@ -1,14 +1,16 @@
-//! The run context and one test environment: a server (ours or Go) plus the upstream agent.
+//! The run context and one test environment: a server (ours or Go) plus one agent (upstream's
+//! `proxy-agent` or our `konnectivity-agent`), or several servers behind one agent.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
 
 use konnectivity_server::tls::DevPki;
 
@@ -16,6 +18,7 @@ use crate::opts::Opts;
 use crate::pattern::splitmix;
 use crate::procs::{cpu_secs, self_cpu_secs, Ports, Proc};
 
+/// Whose implementation: ours (Rust) or upstream's (Go). Of a server or of an agent.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Impl {
     Ours,
@@ -27,6 +30,27 @@ impl Impl {
         match self {
             Impl::Ours => "ours",
             Impl::Go => "go",
+        }
+    }
+}
+
+/// What one workload run measures: a server behind which one agent runs. The server
+/// comparison is the pairs with upstream's agent; the agent comparison adds our agent.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Pair {
+    pub server: Impl,
+    pub agent: Impl,
+}
+
+impl Pair {
+    pub const fn new(server: Impl, agent: Impl) -> Pair {
+        Pair { server, agent }
+    }
+    /// For logs and directory names: the server, with the agent when it is ours.
+    pub fn label(self) -> String {
+        match self.agent {
+            Impl::Go => self.server.name().to_string(),
+            Impl::Ours => format!("{}+our-agent", self.server.name()),
         }
     }
 }
@@ -46,7 +70,10 @@ pub struct Ctx {
     pub far_pid: u32,
     pub seeds: AtomicU64,
     pub go_server: PathBuf,
-    pub agent_bin: PathBuf,
+    /// Upstream's `proxy-agent`.
+    pub go_agent: PathBuf,
+    /// Our `konnectivity-agent` (`--agent-bin`, else beside `--server-bin`).
+    pub our_agent: PathBuf,
     pub env_counter: AtomicU64,
 }
 
@@ -57,14 +84,28 @@ impl Ctx {
     pub fn port(&self) -> Result<u16> {
         self.ports.lock().unwrap().alloc()
     }
+    pub fn agent_bin(&self, agent: Impl) -> &Path {
+        match agent {
+            Impl::Ours => &self.our_agent,
+            Impl::Go => &self.go_agent,
+        }
+    }
 }
 
-/// One server + one upstream agent. Drop kills the agent, then the server.
+/// One server + one agent. Drop kills the agent, then the server.
 pub struct Env {
     pub agent: Proc,
     pub server: Proc,
     pub sock: PathBuf,
     #[allow(dead_code)]
+    pub health_port: u16,
+    pub agent_port: u16,
+}
+
+/// One running server (not yet with an agent).
+pub struct Server {
+    pub proc: Proc,
+    pub sock: PathBuf,
     pub health_port: u16,
     pub agent_port: u16,
 }
@@ -94,23 +135,30 @@ pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
         .context("HTTP timeout")?
 }
 
-pub async fn start_env(
+/// A fresh directory for one environment under the run's work directory.
+pub fn env_dir(ctx: &Ctx, tag: &str, pair: Pair) -> Result<PathBuf> {
+    let n = ctx.env_counter.fetch_add(1, Ordering::Relaxed);
+    let dir = ctx.tmp.join(format!("{n:03}-{tag}-{}", pair.label()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// Starts one server in `dir` (`--server-id`, `--server-count`) and waits for `/healthz` and
+/// its socket; retries on a port clash.
+pub async fn start_server(
     ctx: &Ctx,
     imp: Impl,
     mode: FrontMode,
-    tag: &str,
+    dir: &Path,
+    server_id: &str,
+    server_count: usize,
     extra: &[&str],
-) -> Result<Env> {
-    let n = ctx.env_counter.fetch_add(1, Ordering::Relaxed);
-    let dir = ctx.tmp.join(format!("{n:03}-{tag}-{}", imp.name()));
-    std::fs::create_dir_all(&dir)?;
+) -> Result<Server> {
     let sock = dir.join("konn.sock");
     let bin = match imp {
         Impl::Ours => ctx.opts.server_bin.clone(),
         Impl::Go => ctx.go_server.clone(),
     };
-    let mut server = None;
-    let mut ports = (0, 0, 0);
     for attempt in 1..=3 {
         let (ap, hp, mp) = (ctx.port()?, ctx.port()?, ctx.port()?);
         let mut args = vec![
@@ -133,8 +181,8 @@ pub async fn start_env(
             "--agent-bind-address=127.0.0.1".into(),
             "--health-bind-address=127.0.0.1".into(),
             "--admin-bind-address=127.0.0.1".into(),
-            format!("--server-id=bench-{}", imp.name()),
-            "--server-count=1".into(),
+            format!("--server-id={server_id}"),
+            format!("--server-count={server_count}"),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         // Under a profiler (`konn_bench drive --wrap`) ours starts many times slower.
@@ -148,12 +196,8 @@ pub async fn start_env(
             }
             _ => (bin.clone(), args, Duration::from_secs(20)),
         };
-        let mut p = Proc::spawn(
-            &format!("server-{}", imp.name()),
-            &bin,
-            &args,
-            &dir.join(format!("server-{attempt}.log")),
-        )?;
+        let log = dir.join(format!("server-{server_id}-{attempt}.log"));
+        let mut p = Proc::spawn(&format!("server-{}", imp.name()), &bin, &args, &log)?;
         let deadline = Instant::now() + up_within;
         let mut last = String::new();
         let up = loop {
@@ -172,9 +216,12 @@ pub async fn start_env(
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         if up {
-            server = Some(p);
-            ports = (ap, hp, mp);
-            break;
+            return Ok(Server {
+                proc: p,
+                sock,
+                health_port: hp,
+                agent_port: ap,
+            });
         }
         if attempt < 3 && p.log_contains("address already in use") {
             eprintln!(
@@ -190,30 +237,75 @@ pub async fn start_env(
             p.tail(30)
         );
     }
-    let server = server.ok_or_else(|| anyhow!("server did not start"))?;
-    let (ap, hp, _) = ports;
+    bail!("server did not start")
+}
+
+/// One agent (ours or upstream's, the same flags) dialing `127.0.0.1:server_port`; returns it
+/// with its health port (`/metrics`).
+pub fn spawn_agent(
+    ctx: &Ctx,
+    agent: Impl,
+    dir: &Path,
+    server_port: u16,
+    extra: &[&str],
+) -> Result<(Proc, u16)> {
     let (ahp, aap) = (ctx.port()?, ctx.port()?);
-    let agent_args = vec![
+    let id = dir.file_name().unwrap_or_default().to_string_lossy();
+    let mut agent_args = vec![
         format!("--ca-cert={}", ctx.certs.ca_cert.display()),
         format!("--agent-cert={}", ctx.certs.agent_cert.display()),
         format!("--agent-key={}", ctx.certs.agent_key.display()),
         "--proxy-server-host=127.0.0.1".into(),
-        format!("--proxy-server-port={ap}"),
-        format!("--agent-id=bench-agent-{n}"),
+        format!("--proxy-server-port={server_port}"),
+        format!("--agent-id=bench-agent-{id}"),
         "--agent-identifiers=host=localhost&ipv4=127.0.0.1".into(),
         "--health-server-host=127.0.0.1".into(),
         format!("--health-server-port={ahp}"),
         "--admin-bind-address=127.0.0.1".into(),
         format!("--admin-server-port={aap}"),
     ];
-    let mut agent = Proc::spawn("agent", &ctx.agent_bin, &agent_args, &dir.join("agent.log"))?;
+    agent_args.extend(extra.iter().map(|s| s.to_string()));
+    let p = Proc::spawn(
+        &format!("agent-{}", agent.name()),
+        ctx.agent_bin(agent),
+        &agent_args,
+        &dir.join("agent.log"),
+    )?;
+    Ok((p, ahp))
+}
+
+pub async fn start_env(
+    ctx: &Ctx,
+    pair: Pair,
+    mode: FrontMode,
+    tag: &str,
+    extra: &[&str],
+) -> Result<Env> {
+    let dir = env_dir(ctx, tag, pair)?;
+    let imp = pair.server;
+    let server = start_server(
+        ctx,
+        imp,
+        mode,
+        &dir,
+        &format!("bench-{}", imp.name()),
+        1,
+        extra,
+    )
+    .await?;
+    let Server {
+        proc: mut server,
+        sock,
+        health_port: hp,
+        agent_port: ap,
+    } = server;
+    let (mut agent, _) = spawn_agent(ctx, pair.agent, &dir, ap, &[])?;
     let ready_within = if ctx.opts.server_wrap.is_empty() {
         20
     } else {
         300
     };
     let deadline = Instant::now() + Duration::from_secs(ready_within);
-    let mut server = server;
     loop {
         if let Some(st) = agent.exited() {
             bail!("agent exited: {st}\n{}", agent.tail(30));
@@ -228,8 +320,9 @@ pub async fn start_env(
         }
         if Instant::now() > deadline {
             bail!(
-                "{} server not ready with the agent within {ready_within} s\n--- server ---\n{}\n--- agent ---\n{}",
+                "{} server not ready with the {} agent within {ready_within} s\n--- server ---\n{}\n--- agent ---\n{}",
                 imp.name(),
+                pair.agent.name(),
                 server.tail(20),
                 agent.tail(20)
             );
@@ -243,6 +336,67 @@ pub async fn start_env(
         health_port: hp,
         agent_port: ap,
     })
+}
+
+/// A TCP round-robin proxy on 127.0.0.1 in front of several servers' agent ports (what a
+/// load balancer is to an HA deployment: the agent dials one address and reaches each server
+/// by retrying). Connection `i` goes to backend `i % n`. Dropping it stops accepting and ends
+/// every proxied connection.
+pub struct RoundRobin {
+    pub port: u16,
+    task: JoinHandle<()>,
+}
+
+impl Drop for RoundRobin {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn round_robin(ctx: &Ctx, backends: Vec<u16>) -> Result<RoundRobin> {
+    let port = ctx.port()?;
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("bind the round-robin proxy on 127.0.0.1:{port}"))?;
+    let task = tokio::spawn(async move {
+        // The proxied connections are this task's children: aborting it ends them all.
+        let mut conns = tokio::task::JoinSet::new();
+        let mut next = 0usize;
+        loop {
+            tokio::select! {
+                acc = listener.accept() => {
+                    let Ok((mut down, _)) = acc else { continue };
+                    let backend = backends[next % backends.len()];
+                    next += 1;
+                    conns.spawn(async move {
+                        if let Ok(mut up) = TcpStream::connect(("127.0.0.1", backend)).await {
+                            let _ = down.set_nodelay(true);
+                            let _ = up.set_nodelay(true);
+                            let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                        }
+                    });
+                }
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+    });
+    Ok(RoundRobin { port, task })
+}
+
+/// A gauge or counter from a Prometheus text page (the sum over its label sets).
+pub fn prom_value(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with(' ') || rest.starts_with('{')) {
+            continue;
+        }
+        let v: f64 = rest.rsplit(' ').next()?.trim().parse().ok()?;
+        found = Some(found.unwrap_or(0.0) + v);
+    }
+    found
 }
 
 pub struct CpuSnap {

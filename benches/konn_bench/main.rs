@@ -15,6 +15,7 @@
 //! outlives the tool, also on error or timeout. Every wait has a deadline.
 #![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
+mod agent_idle;
 mod agents;
 mod drive;
 mod env;

@@ -242,3 +242,139 @@ pub fn defs_for(workload: &str) -> Vec<&'static MetricDef> {
     };
     DEFS.iter().filter(|d| d.workload == base).collect()
 }
+
+/// The agent comparison: our agent against upstream's behind the same server (both servers).
+/// `idle` stands for `idle-N`, N = the smallest of `--idle-counts`.
+pub const AGENT_DEFS: &[MetricDef] = &[
+    m(
+        "short-single",
+        "agent_cpu_us_per_tunnel",
+        "agent CPU us per single-use gRPC tunnel",
+        false,
+        Some((0.5, "target")),
+    ),
+    m(
+        "short-connect",
+        "agent_cpu_us_per_tunnel",
+        "agent CPU us per HTTP-CONNECT tunnel",
+        false,
+        None,
+    ),
+    m(
+        "bulk",
+        "agent_cpu_s_per_gib",
+        "agent CPU s per GiB of bulk",
+        false,
+        Some((0.5, "target")),
+    ),
+    m(
+        "agent-idle-1",
+        "agent_rss_mib",
+        "agent RSS MiB idle, one server",
+        false,
+        Some((0.15, "target")),
+    ),
+    m(
+        "agent-idle-3",
+        "agent_rss_mib",
+        "agent RSS MiB idle, three servers",
+        false,
+        None,
+    ),
+    m(
+        "idle",
+        "agent_rss_kib_per_tunnel",
+        "agent RSS KiB per idle tunnel",
+        false,
+        Some((0.25, "target")),
+    ),
+    m(
+        "agent-idle-1",
+        "agent_idle_cpu_ms_per_s",
+        "agent CPU while idle ms/s (10 ms ticks), one server",
+        false,
+        None,
+    ),
+    m(
+        "agent-idle-3",
+        "agent_idle_cpu_ms_per_s",
+        "agent CPU while idle ms/s (10 ms ticks), three servers",
+        false,
+        None,
+    ),
+    m(
+        "agent-idle-1",
+        "agent_threads",
+        "agent threads",
+        false,
+        None,
+    ),
+    m("bulk", "mbps", "end-to-end bulk MB/s (down+up)", true, None),
+    m(
+        "short-single",
+        "tunnels_per_s",
+        "single-use tunnels/s",
+        true,
+        None,
+    ),
+    m(
+        "short-connect",
+        "tunnels_per_s",
+        "HTTP-CONNECT tunnels/s",
+        true,
+        None,
+    ),
+];
+
+/// The whole path: all-Rust (our server, our agent) against all-Go.
+pub const WHOLE_DEFS: &[MetricDef] = &[
+    m(
+        "bulk",
+        "mbps",
+        "bulk MB/s (down+up)",
+        true,
+        Some((2.0, "target")),
+    ),
+    m(
+        "bulk",
+        "path_cpu_s_per_gib",
+        "bulk CPU s per GiB, server + agent",
+        false,
+        None,
+    ),
+    m(
+        "short-single",
+        "tunnels_per_s",
+        "single-use gRPC tunnels/s",
+        true,
+        Some((1.5, "target")),
+    ),
+    m(
+        "short-single",
+        "dial_p99_ms",
+        "single-use dial latency p99 ms",
+        false,
+        None,
+    ),
+    m(
+        "short-single",
+        "path_cpu_us_per_tunnel",
+        "single-use CPU us per tunnel, server + agent",
+        false,
+        None,
+    ),
+    m(
+        "short-connect",
+        "tunnels_per_s",
+        "HTTP-CONNECT tunnels/s",
+        true,
+        None,
+    ),
+    m(
+        "short-connect",
+        "dial_p99_ms",
+        "HTTP-CONNECT dial latency p99 ms",
+        false,
+        None,
+    ),
+];

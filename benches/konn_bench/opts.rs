@@ -16,8 +16,9 @@ pub struct Opts {
     pub rounds: usize,
     pub server_bin: PathBuf,
     pub upstream_dir: PathBuf,
-    /// The agent behind both servers: upstream's `proxy-agent` unless given (`--agent-bin`,
-    /// e.g. our `konnectivity-agent`, to measure agents).
+    /// Our agent (`--agent-bin`; else `konnectivity-agent` beside `--server-bin`), measured
+    /// against upstream's `proxy-agent` in the `agent` jobs. The server comparison always runs
+    /// upstream's agent.
     pub agent_bin: Option<PathBuf>,
     pub out: PathBuf,
     pub workloads: Vec<String>,
@@ -39,16 +40,30 @@ pub struct Opts {
     pub server_wrap: Vec<String>,
 }
 
-pub const ALL_WORKLOADS: &[&str] = &["bulk", "short", "idle", "agents", "hol", "limit"];
+/// `agent` is the agent comparison (our agent vs upstream's behind each server, and the whole
+/// path): short-single, short-connect, bulk, idle-N (the smallest of `--idle-counts`) and
+/// agent-idle-1/agent-idle-3. `agents` is the server workload of many idle agents.
+pub const ALL_WORKLOADS: &[&str] = &["bulk", "short", "idle", "agents", "hol", "limit", "agent"];
 
 pub fn usage() -> &'static str {
     "usage: konn_bench --server-bin PATH --upstream-dir DIR [--out DIR] [--quick] [--rounds N]\n\
-     \x20      [--workloads bulk,short,idle,agents,hol,limit] [--bulk-mib N] [--short-secs S]\n\
+     \x20      [--workloads bulk,short,idle,agents,hol,limit,agent] [--agent-bin PATH]\n\
+     \x20      [--bulk-mib N] [--short-secs S]\n\
      \x20      [--short-clients N] [--short-timeout S] [--idle-counts 1000,10000]\n\
      \x20      [--agent-counts 2000]\n\
      \x20      [--idle-secs S] [--hol-secs S]\n\
      \x20      [--client-window adaptive|fixed] [--keep-tmp] [--repo DIR]\n\
      \x20  konn_bench farend   (internal: the far-end source/sink process)"
+}
+
+impl Opts {
+    /// The idle-tunnel count of the agent comparison: the smallest of `--idle-counts`.
+    pub fn agent_idle_count(&self) -> usize {
+        self.idle_counts.iter().copied().min().unwrap_or(1000)
+    }
+    pub fn with_agents(&self) -> bool {
+        self.workloads.iter().any(|w| w == "agent")
+    }
 }
 
 pub fn parse_opts(args: &[String]) -> Result<Opts> {
@@ -139,6 +154,9 @@ pub fn parse_opts(args: &[String]) -> Result<Opts> {
     }
     if o.server_bin.as_os_str().is_empty() || o.upstream_dir.as_os_str().is_empty() {
         bail!("--server-bin and --upstream-dir are required\n{}", usage());
+    }
+    if o.idle_counts.is_empty() {
+        bail!("--idle-counts needs at least one count");
     }
     if o.rounds == 0 {
         bail!("--rounds must be >= 1");

@@ -5,9 +5,9 @@ use std::process::{Command, Stdio};
 
 use anyhow::Result;
 
-use crate::metrics::defs_for;
+use crate::metrics::{defs_for, AGENT_DEFS, WHOLE_DEFS};
 use crate::opts::Opts;
-use crate::report::summary_tables;
+use crate::report::{agent_row, path_row, summary_tables};
 use crate::results::{cell, ratio, usable, values, workload_names, Record};
 
 pub struct Info {
@@ -17,6 +17,7 @@ pub struct Info {
     pub mem: String,
     pub kernel: String,
     pub ours_version: String,
+    pub agent_version: String,
     pub git: String,
     pub rustc: String,
     pub upstream: String,
@@ -88,6 +89,18 @@ pub fn machine_info(opts: &Opts) -> Info {
             .trim()
             .to_string(),
         ours_version: cmd_out(Command::new(&opts.server_bin).arg("--version")),
+        agent_version: if opts.with_agents() {
+            cmd_out(
+                Command::new(
+                    opts.agent_bin
+                        .clone()
+                        .unwrap_or_else(|| opts.server_bin.with_file_name("konnectivity-agent")),
+                )
+                .arg("--version"),
+            )
+        } else {
+            String::new()
+        },
         git,
         rustc: cmd_out(Command::new("rustc").arg("--version")),
         upstream: upstream
@@ -106,7 +119,7 @@ pub fn render_markdown(opts: &Opts, records: &[Record], info: &Info, total: f64)
     );
     let _ = writeln!(
         s,
-        "Written by `benches/run{}` ({}; {} round(s), servers alternating, medians with (min–max); {:.0} s of benchmarks).\n",
+        "Written by `benches/run{}` ({}; {} round(s), servers (and agents) alternating, medians with (min–max); {:.0} s of benchmarks).\n",
         if opts.quick { " --quick" } else { "" },
         if opts.quick { "quick mode: small sizes, the numbers are NOT representative" } else { "full mode" },
         opts.rounds,
@@ -122,7 +135,7 @@ pub fn render_markdown(opts: &Opts, records: &[Record], info: &Info, total: f64)
     let _ = writeln!(s, "| ours | {} — {} |", info.ours_version, info.git);
     let _ = writeln!(s, "| rustc | {} |", info.rustc);
     let _ = writeln!(s, "| upstream | {} |", info.upstream.replace('\n', "; "));
-    let _ = writeln!(s, "| agent | upstream proxy-agent (same binary and flags for both servers; --xfr-channel-size defaults) |");
+    let _ = writeln!(s, "| agent | upstream proxy-agent in the server tables (same binary and flags for both servers; --xfr-channel-size defaults){} |", if opts.with_agents() { format!("; the Agents section adds ours: {}", info.agent_version) } else { String::new() });
     s.push_str(&summary_tables(opts, records));
     let _ = writeln!(s, "\n![ratios](ratios.png)\n");
     let _ = writeln!(s, "## How it is measured\n");
@@ -131,6 +144,9 @@ pub fn render_markdown(opts: &Opts, records: &[Record], info: &Info, total: f64)
     let _ = writeln!(s, "- Data: every byte is compared with a seeded position-dependent stream (downloads by the client, uploads by the far end, which reports the first bad offset); any mismatch fails the workload.");
     let _ = writeln!(s, "- CPU: utime+stime deltas from /proc/<pid>/stat (10 ms ticks) of the server, the agent, the far end and the client (the bench process). RSS: VmHWM (bulk peak) and VmRSS (idle: RSS with all tunnels open minus RSS after a 10-tunnel warm-up, over the count). Idle CPU is measured after a {} s settle over {} s.", opts.idle_settle_secs, opts.idle_secs);
     let _ = writeln!(s, "- Agents: N agents connected from the bench process, each with its own TCP + mTLS (the dev PKI's agent certificate) + HTTP/2 connection (tonic, as the upstream agent: one `/AgentService/Connect` stream with `agentid` metadata, read until it ends, nothing sent). RSS per agent = (VmRSS with all N connected − VmRSS after a 10-agent warm-up, with the one upstream agent connected) / N; idle CPU per agent over the same settle and window as the idle tunnels, / N.");
+    if opts.with_agents() {
+        let _ = writeln!(s, "- Agents section: the workloads short-single, short-connect, bulk and idle-{} run with each of the four (server, agent) pairs (the server tables' runs are the Go-agent pairs), plus agent-idle-1/agent-idle-3: one agent connected to 1 or 3 servers of one implementation (3: `--server-count=3`, distinct `--server-id`s, behind a TCP round-robin proxy in the bench tool, the agent dialing that one address until it holds a connection to each server), idle; its VmRSS and CPU after a {} s settle over {} s, then one checked tunnel through each server. Agent flags: the same for both agents (`--ca-cert --agent-cert --agent-key --proxy-server-host=127.0.0.1 --proxy-server-port --agent-id --agent-identifiers=host=localhost&ipv4=127.0.0.1 --health-server-host=127.0.0.1 --health-server-port --admin-bind-address=127.0.0.1 --admin-server-port`), agent-idle adds `--sync-interval=100ms --sync-interval-cap=1s`. The four pairs run in one order in odd rounds and reversed in even rounds, so every comparison alternates which side goes first.", opts.agent_idle_count(), opts.idle_settle_secs, opts.idle_secs);
+    }
     let _ = writeln!(s, "- Dial latency: single-use from the UDS connect to DIAL_RSP (what konnectivity-client's tunnel creation costs kube-apiserver); reusable from opening the stream to DIAL_RSP; HTTP-CONNECT from the UDS connect to the 200 response.");
     let _ = writeln!(s, "- Head-of-line: {} streaming tunnels read for {} s (dials included in the window) without, then with, one tunnel that requested an endless stream and never reads (opened 1 s before the window); share = with/without.", opts.hol_active, opts.hol_secs);
     let _ = writeln!(s, "- Failures: a workload run fails on any failed or timed-out tunnel (a short tunnel has {} s for dial, transfer and close), any failed close, any data mismatch, or a server or agent that does not start; the tool then exits non-zero. A failed run's numbers are not in the tables (results.json keeps them), and neither are the other server's numbers of the same round, so every comparison is over the same rounds. Timed-out dials count in the latency percentiles as +inf (a percentile that lands on one shows as ≥ the timeout). In the head-of-line workload, tunnels the stalled tunnel blocks are the measured effect: they count with 0 bytes and are reported, not failed.", opts.short_timeout_secs);
@@ -146,6 +162,7 @@ pub fn json_escape_records(records: &[Record]) -> serde_json::Value {
                 serde_json::json!({
                     "workload": r.workload,
                     "impl": r.imp,
+                    "agent": r.agent,
                     "round": r.round,
                     "secs": r.secs,
                     "metrics": r.metrics.iter().map(|(k, v)| (k.clone(), if v.is_finite() { serde_json::json!(v) } else { serde_json::Value::Null })).collect::<serde_json::Map<_, _>>(),
@@ -242,6 +259,55 @@ pub fn write_ratios_csv(opts: &Opts, records: &[Record]) -> Result<()> {
                 num(g)
             );
         }
+    }
+    // The agent comparison: targeted rows per server, and the whole path.
+    let num = |v: f64| {
+        if v.is_finite() {
+            format!("{v}")
+        } else {
+            String::new()
+        }
+    };
+    for d in AGENT_DEFS.iter().filter(|d| {
+        d.target.is_some() || (d.workload == "agent-idle-3" && d.key == "agent_rss_mib")
+    }) {
+        let w = if d.workload == "idle" {
+            format!("idle-{}", opts.agent_idle_count())
+        } else {
+            d.workload.to_string()
+        };
+        if !ws.contains(&w) || !records.iter().any(|r| r.agent == "ours") {
+            continue;
+        }
+        for (server, sname) in [("ours", "ours"), ("go", "Go")] {
+            let row = agent_row(records, &w, server, d.key);
+            let label = format!("agent behind {sname} server: {w}: {}", d.label).replace(',', ";");
+            let t = d.target.map(|t| t.0.to_string()).unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "{label},{},{},{t},{},{}",
+                num(row.ratio.r),
+                d.higher_better,
+                num(row.ours.med),
+                num(row.go.med)
+            );
+        }
+    }
+    for d in WHOLE_DEFS.iter().filter(|d| d.target.is_some()) {
+        if !ws.iter().any(|w| w == d.workload) || !records.iter().any(|r| r.agent == "ours") {
+            continue;
+        }
+        let (cells, r) = path_row(records, d.workload, d.key);
+        let label = format!("all-Rust vs all-Go: {}: {}", d.workload, d.label).replace(',', ";");
+        let t = d.target.map(|t| t.0.to_string()).unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "{label},{},{},{t},{},{}",
+            num(r.r),
+            d.higher_better,
+            num(cells[3].med),
+            num(cells[0].med)
+        );
     }
     std::fs::write(opts.out.join("ratios.csv"), s)?;
     Ok(())

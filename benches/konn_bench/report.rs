@@ -2,11 +2,13 @@
 
 use std::fmt::Write as _;
 
-use crate::metrics::{defs_for, MetricDef, DEFS};
+use crate::metrics::{defs_for, MetricDef, AGENT_DEFS, DEFS, WHOLE_DEFS};
 use crate::opts::Opts;
 use crate::results::{
-    cell, excluded, fmt_cell, fmt_ratio, ratio, usable, values, workload_names, Cell, Record,
+    agent_only, cell, excluded, fmt_cell, fmt_ratio, ok_rounds, pair_label, ratio, ratio_of, side,
+    values, values_in, workload_names, Cell, Ratio, Record, Side,
 };
+use crate::run::agent_workloads;
 use crate::{GIB, MIB};
 
 pub fn title(w: &str, opts: &Opts) -> String {
@@ -52,9 +54,27 @@ pub fn met(d: &MetricDef, r: f64) -> &'static str {
     }
 }
 
-/// Metrics that are counts or shares: no ratio column.
+/// Metrics that are counts or shares, or (an idle agent's CPU) mostly one or two 10 ms ticks
+/// in the window: no ratio column.
 fn no_ratio(key: &str) -> bool {
-    matches!(key, "share_pct" | "errors" | "blocked_with_stalled")
+    matches!(
+        key,
+        "share_pct"
+            | "errors"
+            | "blocked_with_stalled"
+            | "agent_threads"
+            | "agent_idle_cpu_ms_per_s"
+    )
+}
+
+fn fmt_range(r: &Ratio) -> String {
+    if r.lo.is_finite() && r.hi > r.lo {
+        format!("{:.2}–{:.2}", r.lo, r.hi)
+    } else if r.lo.is_finite() {
+        format!("{:.2}", r.lo)
+    } else {
+        String::new()
+    }
 }
 
 fn share_met(o: &Cell) -> &'static str {
@@ -69,10 +89,12 @@ fn share_met(o: &Cell) -> &'static str {
 
 pub fn table_for(records: &[Record], w: &str) -> String {
     let mut s = String::new();
-    if !records
-        .iter()
-        .any(|r| r.workload == w && usable(records, r))
-    {
+    let sides = if w == "limit" {
+        vec![side("direct", "")]
+    } else {
+        vec![side("ours", "go"), side("go", "go")]
+    };
+    if ok_rounds(records, w, &sides).is_empty() {
         let _ = writeln!(
             s,
             "_No results: every run of this workload failed or was paired with a failed one._"
@@ -121,16 +143,7 @@ pub fn table_for(records: &[Record], w: &str) -> String {
             let (rs, range) = if no_ratio(d.key) {
                 (String::new(), String::new())
             } else {
-                (
-                    fmt_ratio(&r),
-                    if r.lo.is_finite() && r.hi > r.lo {
-                        format!("{:.2}–{:.2}", r.lo, r.hi)
-                    } else if r.lo.is_finite() {
-                        format!("{:.2}", r.lo)
-                    } else {
-                        String::new()
-                    },
-                )
+                (fmt_ratio(&r), fmt_range(&r))
             };
             let (tt, mt) = if d.key == "share_pct" {
                 ("target ≥ 90% (ours)".to_string(), share_met(&o))
@@ -155,7 +168,7 @@ fn failures_for(records: &[Record], w: &str) -> String {
     let mut s = String::new();
     let failed: Vec<&Record> = records
         .iter()
-        .filter(|r| r.workload == w && r.error.is_some())
+        .filter(|r| r.workload == w && r.agent != "ours" && r.error.is_some())
         .collect();
     if failed.is_empty() {
         return s;
@@ -257,7 +270,10 @@ pub fn summary_tables(opts: &Opts, records: &[Record]) -> String {
     for (a, b, c, d, e, f) in summary_rows(records) {
         let _ = writeln!(s, "| {a} | {b} | {c} | {d} | {e} | {f} |");
     }
-    for w in workload_names(records) {
+    for w in workload_names(records)
+        .into_iter()
+        .filter(|w| !agent_only(w))
+    {
         let _ = writeln!(s, "\n### {}\n", title(&w, opts));
         s.push_str(&table_for(records, &w));
     }
@@ -271,7 +287,7 @@ pub fn summary_tables(opts: &Opts, records: &[Record]) -> String {
                 "- FAILED round {} {} {}: {}",
                 r.round,
                 r.workload,
-                r.imp,
+                pair_label(r),
                 one_line(r.error.as_deref().unwrap_or(""))
             );
         }
@@ -281,8 +297,181 @@ pub fn summary_tables(opts: &Opts, records: &[Record]) -> String {
                 "- note round {} {} {}: {}",
                 r.round,
                 r.workload,
-                r.imp,
+                pair_label(r),
                 r.notes.join("; ")
+            );
+        }
+    }
+    s.push_str(&agent_section(opts, records));
+    s
+}
+
+/// The workload an agent-comparison row is measured in (`idle` = the agent idle count).
+fn agent_workload(opts: &Opts, d: &MetricDef) -> String {
+    if d.workload == "idle" {
+        format!("idle-{}", opts.agent_idle_count())
+    } else {
+        d.workload.to_string()
+    }
+}
+
+fn agent_label(opts: &Opts, d: &MetricDef) -> String {
+    if d.workload == "idle" {
+        format!("{} ({} open)", d.label, opts.agent_idle_count())
+    } else {
+        d.label.to_string()
+    }
+}
+
+/// One agent-comparison row: our agent vs upstream's behind `server`, over the rounds in
+/// which both ran successfully.
+pub struct AgentRow {
+    pub go: Cell,
+    pub ours: Cell,
+    pub ratio: Ratio,
+}
+
+pub fn agent_row(records: &[Record], w: &str, server: &str, key: &str) -> AgentRow {
+    let (a, b) = (side(server, "ours"), side(server, "go"));
+    let rounds = ok_rounds(records, w, &[a, b]);
+    let o = values_in(records, w, a, key, &rounds);
+    let g = values_in(records, w, b, key, &rounds);
+    AgentRow {
+        go: cell(&g),
+        ours: cell(&o),
+        ratio: ratio_of(&o, &g),
+    }
+}
+
+/// The four pairs of the whole-path table, all-Go first.
+pub const PATH_SIDES: [(Side<'static>, &str); 4] = [
+    (side("go", "go"), "Go server + Go agent"),
+    (side("ours", "go"), "our server + Go agent"),
+    (side("go", "ours"), "Go server + our agent"),
+    (side("ours", "ours"), "our server + our agent"),
+];
+
+/// One whole-path row: the four pairs' cells over the rounds in which all four succeeded, and
+/// all-Rust / all-Go.
+pub fn path_row(records: &[Record], w: &str, key: &str) -> (Vec<Cell>, Ratio) {
+    let sides: Vec<Side> = PATH_SIDES.iter().map(|(s, _)| *s).collect();
+    let rounds = ok_rounds(records, w, &sides);
+    let vals: Vec<_> = sides
+        .iter()
+        .map(|s| values_in(records, w, *s, key, &rounds))
+        .collect();
+    let r = ratio_of(&vals[3], &vals[0]);
+    (vals.iter().map(|v| cell(v)).collect(), r)
+}
+
+/// The agent comparison (`--workloads agent`): our konnectivity-agent against upstream's
+/// proxy-agent behind each server, then the whole path (all four pairs).
+pub fn agent_section(opts: &Opts, records: &[Record]) -> String {
+    let mut s = String::new();
+    if !records.iter().any(|r| r.agent == "ours") {
+        return s;
+    }
+    let names = workload_names(records);
+    let _ = writeln!(
+        s,
+        "\n## Agents: konnectivity-agent vs upstream proxy-agent (ratio = our agent / Go agent, medians)\n"
+    );
+    let _ = writeln!(
+        s,
+        "The same workloads with the agent swapped: behind each server (same binary and flags), \
+         upstream's `proxy-agent` and our `konnectivity-agent` (same flags). Each row is over \
+         the rounds in which both agents' runs succeeded behind that server (n). Agent idle: \
+         the agent connected to 1 or 3 servers of one implementation (3: `--server-count=3`, \
+         distinct ids, behind a TCP round-robin proxy in the bench tool), nothing else \
+         running; VmRSS after a {} s settle and a {} s window (its CPU over the window). RSS \
+         per idle tunnel: the idle workload's agent VmRSS delta / N.\n",
+        opts.idle_settle_secs, opts.idle_secs
+    );
+    let _ = writeln!(
+        s,
+        "| what | server | Go agent | our agent | ours/Go | per-round ratio range | target | met |\n|---|---|---|---|---|---|---|---|"
+    );
+    for d in AGENT_DEFS {
+        let w = agent_workload(opts, d);
+        if !names.contains(&w) {
+            continue;
+        }
+        for (i, (server, sname)) in [("ours", "ours"), ("go", "Go")].into_iter().enumerate() {
+            let row = agent_row(records, &w, server, d.key);
+            let (rs, range, tt, mt) = if no_ratio(d.key) {
+                Default::default()
+            } else {
+                (
+                    fmt_ratio(&row.ratio),
+                    fmt_range(&row.ratio),
+                    target_text(d),
+                    met(d, row.ratio.r),
+                )
+            };
+            let label = if i == 0 {
+                format!("{w}: {}", agent_label(opts, d))
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                s,
+                "| {label} | {sname} | {} | {} | {rs} | {range} | {tt} | {mt} |",
+                fmt_cell(&row.go),
+                fmt_cell(&row.ours)
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n### Whole path: all-Go vs all-Rust (ratio = our server + our agent / Go server + Go agent)\n"
+    );
+    let _ = writeln!(
+        s,
+        "Each row is over the rounds in which all four pairs succeeded (n).\n"
+    );
+    let mut head = String::from("| what |");
+    for (_, l) in PATH_SIDES {
+        let _ = write!(head, " {l} |");
+    }
+    let _ = writeln!(
+        s,
+        "{head} all-Rust/all-Go | per-round ratio range | target | met |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for d in WHOLE_DEFS {
+        if !names.iter().any(|n| n == d.workload) {
+            continue;
+        }
+        let (cells, r) = path_row(records, d.workload, d.key);
+        let cells: Vec<String> = cells.iter().map(fmt_cell).collect();
+        let _ = writeln!(
+            s,
+            "| {}: {} | {} | {} | {} | {} | {} |",
+            d.workload,
+            d.label,
+            cells.join(" | "),
+            fmt_ratio(&r),
+            fmt_range(&r),
+            target_text(d),
+            met(d, r.r)
+        );
+    }
+    // The failed runs of the agent comparison's workloads (a Go-agent run also shows under
+    // its server table).
+    let agent_ws = agent_workloads(opts);
+    let failed: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.error.is_some() && agent_ws.contains(&r.workload))
+        .collect();
+    if !failed.is_empty() {
+        let _ = writeln!(s);
+        for r in failed {
+            let _ = writeln!(
+                s,
+                "- **FAILED** round {} {} {}: {}",
+                r.round,
+                r.workload,
+                pair_label(r),
+                one_line(r.error.as_deref().unwrap_or(""))
             );
         }
     }

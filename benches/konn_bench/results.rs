@@ -4,12 +4,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub type Metrics = BTreeMap<String, f64>;
 
-/// One workload run (one server, one round). `error` is set when the run failed in any way;
-/// its metrics are then kept for results.json only.
+/// One workload run (one server and agent pair, one round). `error` is set when the run failed
+/// in any way; its metrics are then kept for results.json only.
 #[derive(Clone, Debug)]
 pub struct Record {
     pub workload: String,
+    /// The server: "ours", "go", or "direct" (the limit: no server, no agent).
     pub imp: String,
+    /// The agent behind it: "go" (upstream's proxy-agent), "ours", or "" (direct).
+    pub agent: String,
     pub round: usize,
     pub metrics: Metrics,
     /// Metrics that are lower bounds (a latency percentile that landed on a timeout).
@@ -21,8 +24,24 @@ pub struct Record {
     pub secs: f64,
 }
 
-/// The other server of a comparison, or None for a run without one (`direct`).
-fn partner(imp: &str) -> Option<&'static str> {
+/// One side of a comparison: a server behind an agent ("ours"/"go" each).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Side<'a> {
+    pub server: &'a str,
+    pub agent: &'a str,
+}
+
+pub const fn side<'a>(server: &'a str, agent: &'a str) -> Side<'a> {
+    Side { server, agent }
+}
+
+impl Record {
+    pub fn is(&self, w: &str, s: Side) -> bool {
+        self.workload == w && self.imp == s.server && self.agent == s.agent
+    }
+}
+
+fn other(imp: &str) -> Option<&'static str> {
     match imp {
         "ours" => Some("go"),
         "go" => Some("ours"),
@@ -30,25 +49,71 @@ fn partner(imp: &str) -> Option<&'static str> {
     }
 }
 
-/// Whether a record's numbers enter the tables: it succeeded, and so did the other server's
-/// run of the same workload in the same round, so no comparison stands on one side only.
+/// The server comparison: each server behind upstream's agent; `direct` stands alone.
+fn server_side(imp: &str) -> Side<'_> {
+    side(imp, if imp == "direct" { "" } else { "go" })
+}
+
+/// Workloads that only the agent comparison reports (no server table).
+pub fn agent_only(w: &str) -> bool {
+    w.starts_with("agent-idle-")
+}
+
+/// The sides a record is compared with (see report.rs): the other server behind the same Go
+/// agent (server tables), the other agent behind the same server (agent tables), and for the
+/// all-ours and all-Go pairs the other whole path.
+fn partners(r: &Record) -> Vec<Side<'static>> {
+    let (Some(os), Some(oa)) = (other(&r.imp), other(&r.agent)) else {
+        return vec![];
+    };
+    let mut v = Vec::new();
+    if r.agent == "go" && !agent_only(&r.workload) {
+        v.push(side(os, "go"));
+    }
+    let same = if r.imp == "ours" { "ours" } else { "go" };
+    v.push(side(same, oa));
+    if r.imp == r.agent {
+        v.push(side(os, oa));
+    }
+    v
+}
+
+fn ok_in(records: &[Record], w: &str, s: Side, round: usize) -> bool {
+    records
+        .iter()
+        .any(|x| x.is(w, s) && x.round == round && x.error.is_none())
+}
+
+/// Whether a record's numbers enter some table: it succeeded, and so did the run it is
+/// compared with in the same round (in at least one of its comparisons that ran), so no
+/// comparison stands on one side only.
 pub fn usable(records: &[Record], r: &Record) -> bool {
     if r.error.is_some() {
         return false;
     }
-    let Some(other) = partner(&r.imp) else {
-        return true;
-    };
-    records.iter().any(|x| {
-        x.workload == r.workload && x.round == r.round && x.imp == other && x.error.is_none()
-    })
+    let ran: Vec<Side> = partners(r)
+        .into_iter()
+        .filter(|p| records.iter().any(|x| x.is(&r.workload, *p)))
+        .collect();
+    ran.is_empty() || ran.iter().any(|p| ok_in(records, &r.workload, *p, r.round))
 }
 
-/// Successful runs left out of the tables because the other server failed that round.
+/// The rounds in which every one of `sides` ran `w` successfully.
+pub fn ok_rounds(records: &[Record], w: &str, sides: &[Side]) -> BTreeSet<usize> {
+    records
+        .iter()
+        .filter(|r| r.workload == w)
+        .map(|r| r.round)
+        .filter(|&round| sides.iter().all(|s| ok_in(records, w, *s, round)))
+        .collect()
+}
+
+/// Successful server-table runs left out because the other server failed that round.
 pub fn excluded<'a>(records: &'a [Record], w: &str) -> Vec<&'a Record> {
     records
         .iter()
-        .filter(|r| r.workload == w && r.error.is_none() && !usable(records, r))
+        .filter(|r| r.workload == w && r.error.is_none() && r.agent == "go")
+        .filter(|r| other(&r.imp).is_some_and(|o| !ok_in(records, w, side(o, "go"), r.round)))
         .collect()
 }
 
@@ -100,11 +165,17 @@ pub struct Val {
     pub samples: Option<u64>,
 }
 
-/// The values that enter the tables (see `usable`).
-pub fn values(records: &[Record], w: &str, imp: &str, key: &str) -> Vec<Val> {
+/// One side's values of a metric in the given rounds.
+pub fn values_in(
+    records: &[Record],
+    w: &str,
+    s: Side,
+    key: &str,
+    rounds: &BTreeSet<usize>,
+) -> Vec<Val> {
     records
         .iter()
-        .filter(|r| r.workload == w && r.imp == imp && usable(records, r))
+        .filter(|r| r.is(w, s) && r.error.is_none() && rounds.contains(&r.round))
         .filter_map(|r| {
             r.metrics.get(key).map(|v| Val {
                 round: r.round,
@@ -114,6 +185,15 @@ pub fn values(records: &[Record], w: &str, imp: &str, key: &str) -> Vec<Val> {
             })
         })
         .collect()
+}
+
+/// The server tables' values: `imp` behind upstream's agent, in the rounds in which the other
+/// server (behind the same agent) succeeded too.
+pub fn values(records: &[Record], w: &str, imp: &str, key: &str) -> Vec<Val> {
+    let me = server_side(imp);
+    let mut sides = vec![me];
+    sides.extend(other(imp).map(server_side));
+    values_in(records, w, me, key, &ok_rounds(records, w, &sides))
 }
 
 /// A table cell: the median over rounds with its range; `n` = the rounds it is computed from.
@@ -157,7 +237,7 @@ pub fn fmt_cell(c: &Cell) -> String {
     }
 }
 
-/// Ratio of medians ours/Go, the range of the per-round ratios, and the number of rounds.
+/// Ratio of medians a/b, the range of the per-round ratios, and the number of rounds.
 /// Both sides come from the same rounds (see `usable`).
 pub struct Ratio {
     pub r: f64,
@@ -166,9 +246,8 @@ pub struct Ratio {
     pub n: usize,
 }
 
-pub fn ratio(records: &[Record], w: &str, key: &str) -> Ratio {
-    let o = values(records, w, "ours", key);
-    let g = values(records, w, "go", key);
+/// a/b from the two sides' values (of the same rounds).
+pub fn ratio_of(o: &[Val], g: &[Val]) -> Ratio {
     let r = median(&o.iter().map(|x| x.v).collect::<Vec<_>>())
         / median(&g.iter().map(|x| x.v).collect::<Vec<_>>());
     let per: Vec<f64> = o
@@ -191,11 +270,28 @@ pub fn ratio(records: &[Record], w: &str, key: &str) -> Ratio {
     Ratio { r, lo, hi, n }
 }
 
+/// The server tables' ratio ours/Go, both behind upstream's agent.
+pub fn ratio(records: &[Record], w: &str, key: &str) -> Ratio {
+    ratio_of(
+        &values(records, w, "ours", key),
+        &values(records, w, "go", key),
+    )
+}
+
 pub fn fmt_ratio(r: &Ratio) -> String {
     if r.r.is_finite() {
         format!("{:.2}x, n={}", r.r, r.n)
     } else {
         format!("n/a, n={}", r.n)
+    }
+}
+
+/// How a record's pair is named in lists: the server, with the agent when it is ours.
+pub fn pair_label(r: &Record) -> String {
+    if r.agent == "ours" {
+        format!("{}+our-agent", r.imp)
+    } else {
+        r.imp.clone()
     }
 }
 

@@ -12,8 +12,9 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use konnectivity_server::tls::DevPki;
 
+use crate::agent_idle::w_agent_idle;
 use crate::agents::w_agents;
-use crate::env::{Ctx, Impl};
+use crate::env::{Ctx, Impl, Pair};
 use crate::opts::Opts;
 use crate::output::{machine_info, render_markdown, write_json, write_ratios_csv};
 use crate::procs::{set_pdeathsig, Ports, Proc};
@@ -26,49 +27,99 @@ const PROFILE_SECTION: &str = "## Per-tunnel and per-agent cost: breakdowns";
 
 pub struct Job {
     pub workload: String,
-    pub imp: Option<Impl>,
+    /// None: the direct-TCP limit (no server, no agent).
+    pub pair: Option<Pair>,
 }
 
+/// The four (server, agent) pairs in the order of odd rounds; even rounds run them reversed.
+/// So each comparison (servers behind the Go agent, agents behind each server, all-Rust vs
+/// all-Go) alternates which side goes first, and the server pairs keep the order they had
+/// alone (ours first in odd rounds).
+pub const PAIR_ORDER: [Pair; 4] = [
+    Pair::new(Impl::Ours, Impl::Go),
+    Pair::new(Impl::Go, Impl::Go),
+    Pair::new(Impl::Go, Impl::Ours),
+    Pair::new(Impl::Ours, Impl::Ours),
+];
+
+/// The workloads of the agent comparison (`--workloads agent`).
+pub fn agent_workloads(opts: &Opts) -> Vec<String> {
+    vec![
+        "short-single".into(),
+        "short-connect".into(),
+        "bulk".into(),
+        format!("idle-{}", opts.agent_idle_count()),
+        "agent-idle-1".into(),
+        "agent-idle-3".into(),
+    ]
+}
+
+/// The workloads of one server group of `--workloads`.
+fn server_group(opts: &Opts, w: &str) -> Vec<String> {
+    match w {
+        "bulk" => vec!["bulk".into()],
+        "short" => vec![
+            "short-single".into(),
+            "short-reusable".into(),
+            "short-connect".into(),
+        ],
+        "idle" => opts
+            .idle_counts
+            .iter()
+            .map(|n| format!("idle-{n}"))
+            .collect(),
+        "agents" => opts
+            .agent_counts
+            .iter()
+            .map(|n| format!("agents-{n}"))
+            .collect(),
+        "hol" => vec!["hol".into()],
+        _ => vec![],
+    }
+}
+
+/// One round's jobs. A server workload runs the two servers behind upstream's agent; a
+/// workload of the agent comparison runs all four pairs, so when the server jobs also have it
+/// (bulk, short-single, ...), their Go-agent runs are shared, not repeated.
 pub fn jobs_for_round(opts: &Opts, round: usize) -> Vec<Job> {
-    let order = if round % 2 == 1 {
-        [Impl::Ours, Impl::Go]
+    let mut order = PAIR_ORDER.to_vec();
+    if round.is_multiple_of(2) {
+        order.reverse();
+    }
+    let agent_names = if opts.with_agents() {
+        agent_workloads(opts)
     } else {
-        [Impl::Go, Impl::Ours]
+        vec![]
     };
+    let server_names: Vec<String> = opts
+        .workloads
+        .iter()
+        .flat_map(|w| server_group(opts, w))
+        .collect();
     let mut out = Vec::new();
     for w in &opts.workloads {
         let names: Vec<String> = match w.as_str() {
-            "bulk" => vec!["bulk".into()],
-            "short" => vec![
-                "short-single".into(),
-                "short-reusable".into(),
-                "short-connect".into(),
-            ],
-            "idle" => opts
-                .idle_counts
-                .iter()
-                .map(|n| format!("idle-{n}"))
-                .collect(),
-            "agents" => opts
-                .agent_counts
-                .iter()
-                .map(|n| format!("agents-{n}"))
-                .collect(),
-            "hol" => vec!["hol".into()],
             "limit" => {
                 out.push(Job {
                     workload: "limit".into(),
-                    imp: None,
+                    pair: None,
                 });
                 continue;
             }
-            _ => unreachable!(),
+            // The agent workloads no server group runs, where `agent` is in the list.
+            "agent" => agent_names
+                .iter()
+                .filter(|n| !server_names.contains(n))
+                .cloned()
+                .collect(),
+            w => server_group(opts, w),
         };
         for name in names {
-            for imp in order {
+            let all = agent_names.contains(&name);
+            for &pair in order.iter().filter(|p| all || p.agent == Impl::Go) {
                 out.push(Job {
                     workload: name.clone(),
-                    imp: Some(imp),
+                    pair: Some(pair),
                 });
             }
         }
@@ -89,13 +140,16 @@ pub fn job_deadline(opts: &Opts, w: &str) -> Duration {
             120.0 + n / 20.0 + opts.idle_secs + opts.idle_settle_secs
         }
         "hol" => 120.0 + 2.0 * opts.hol_secs,
+        w if w.starts_with("agent-idle-") => {
+            120.0 + opts.idle_secs + opts.idle_settle_secs + opts.short_timeout_secs * 3.0
+        }
         _ => 300.0,
     };
     Duration::from_secs_f64(s)
 }
 
-pub async fn run_job(ctx: &Ctx, w: &str, imp: Option<Impl>) -> Result<Outcome> {
-    match (w, imp) {
+pub async fn run_job(ctx: &Ctx, w: &str, pair: Option<Pair>) -> Result<Outcome> {
+    match (w, pair) {
         ("limit", _) => w_limit(ctx).await,
         ("bulk", Some(i)) => w_bulk(ctx, i).await,
         ("hol", Some(i)) => w_hol(ctx, i).await,
@@ -103,6 +157,9 @@ pub async fn run_job(ctx: &Ctx, w: &str, imp: Option<Impl>) -> Result<Outcome> {
         (s, Some(i)) if s.starts_with("idle-") => w_idle(ctx, i, s["idle-".len()..].parse()?).await,
         (s, Some(i)) if s.starts_with("agents-") => {
             w_agents(ctx, i, s["agents-".len()..].parse()?).await
+        }
+        (s, Some(i)) if s.starts_with("agent-idle-") => {
+            w_agent_idle(ctx, i, s["agent-idle-".len()..].parse()?).await
         }
         _ => bail!("unknown job {w}"),
     }
@@ -120,6 +177,11 @@ pub fn brief(m: &Metrics, censored: &BTreeSet<String>) -> String {
         ("rss_kib_per_agent", "KiB/agent"),
         ("idle_cpu_us_per_s_per_agent", "idle us/s/agent"),
         ("idle_cpu_ms_per_s", "idle ms/s"),
+        ("agent_cpu_us_per_tunnel", "agent us/tun"),
+        ("agent_cpu_s_per_gib", "agent s/GiB"),
+        ("agent_rss_kib_per_tunnel", "agent KiB/tun"),
+        ("agent_rss_mib", "agent MiB"),
+        ("agent_idle_cpu_ms_per_s", "agent idle ms/s"),
         ("share_pct", "share %"),
         ("blocked_with_stalled", "blocked"),
     ];
@@ -135,11 +197,16 @@ pub fn brief(m: &Metrics, censored: &BTreeSet<String>) -> String {
 /// The run context: the work directory, the dev PKI and the far end (whose guard kills it).
 pub fn make_ctx(opts: &Opts) -> Result<(Ctx, Proc)> {
     let go_server = opts.upstream_dir.join("proxy-server");
-    let agent_bin = opts
+    let go_agent = opts.upstream_dir.join("proxy-agent");
+    let our_agent = opts
         .agent_bin
         .clone()
-        .unwrap_or_else(|| opts.upstream_dir.join("proxy-agent"));
-    for b in [&opts.server_bin, &go_server, &agent_bin] {
+        .unwrap_or_else(|| opts.server_bin.with_file_name("konnectivity-agent"));
+    let mut needed = vec![&opts.server_bin, &go_server, &go_agent];
+    if opts.with_agents() || opts.agent_bin.is_some() {
+        needed.push(&our_agent);
+    }
+    for b in needed {
         if !b.is_file() {
             bail!("missing binary {}", b.display());
         }
@@ -194,7 +261,8 @@ pub fn make_ctx(opts: &Opts) -> Result<(Ctx, Proc)> {
         far_pid,
         seeds: AtomicU64::new(0x1234_5678),
         go_server,
-        agent_bin,
+        go_agent,
+        our_agent,
         env_counter: AtomicU64::new(0),
     };
     Ok((ctx, far_guard))
@@ -217,17 +285,22 @@ pub async fn run(opts: Opts) -> Result<i32> {
     let mut failed = false;
     for round in 1..=opts.rounds {
         for job in jobs_for_round(&opts, round) {
-            let who = job.imp.map(|i| i.name()).unwrap_or("direct");
+            let who = job.pair.map(|p| p.label()).unwrap_or("direct".into());
+            let (server, agent) = match job.pair {
+                Some(p) => (p.server.name(), p.agent.name()),
+                None => ("direct", ""),
+            };
             let t0 = Instant::now();
             let r = tokio::time::timeout(
                 job_deadline(&opts, &job.workload),
-                run_job(&ctx, &job.workload, job.imp),
+                run_job(&ctx, &job.workload, job.pair),
             )
             .await;
             let secs = t0.elapsed().as_secs_f64();
             let failure = |error: String| Record {
                 workload: job.workload.clone(),
-                imp: who.into(),
+                imp: server.into(),
+                agent: agent.into(),
                 round,
                 metrics: Metrics::new(),
                 censored: Default::default(),
@@ -240,7 +313,7 @@ pub async fn run(opts: Opts) -> Result<i32> {
                 Ok(Ok(o)) => {
                     let error = (!o.failures.is_empty()).then(|| o.failures.join("; "));
                     eprintln!(
-                        "[round {round}/{}] {:<15} {:<6} {:>6.1}s  {}{}{}",
+                        "[round {round}/{}] {:<15} {:<15} {:>6.1}s  {}{}{}",
                         opts.rounds,
                         job.workload,
                         who,
@@ -255,7 +328,8 @@ pub async fn run(opts: Opts) -> Result<i32> {
                     );
                     Record {
                         workload: job.workload.clone(),
-                        imp: who.into(),
+                        imp: server.into(),
+                        agent: agent.into(),
                         round,
                         metrics: o.metrics,
                         censored: o.censored,
@@ -267,14 +341,14 @@ pub async fn run(opts: Opts) -> Result<i32> {
                 }
                 Ok(Err(e)) => {
                     eprintln!(
-                        "[round {round}/{}] {:<15} {:<6} FAILED after {secs:.1}s: {e:#}",
+                        "[round {round}/{}] {:<15} {:<15} FAILED after {secs:.1}s: {e:#}",
                         opts.rounds, job.workload, who
                     );
                     failure(format!("{e:#}"))
                 }
                 Err(_) => {
                     eprintln!(
-                        "[round {round}/{}] {:<15} {:<6} TIMED OUT after {secs:.1}s",
+                        "[round {round}/{}] {:<15} {:<15} TIMED OUT after {secs:.1}s",
                         opts.rounds, job.workload, who
                     );
                     failure(format!("timed out after {secs:.0} s"))

@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use crate::env::{snap, start_env, CpuSnap, Ctx, FrontMode, Impl};
+use crate::env::{snap, start_env, CpuSnap, Ctx, FrontMode, Impl, Pair};
 use crate::farend::{header, HEADER_LEN, HOLD_ACK, MODE_HOLD, MODE_STREAM, MODE_TRANSFER};
 use crate::pattern::{splitmix, Pattern, UP_SEED_XOR};
 use crate::procs::{cpu_secs, status_kib};
@@ -72,13 +72,17 @@ pub fn cpu_split(o: &mut Outcome, a: &CpuSnap, b: &CpuSnap, gib: f64, with_serve
     if with_server {
         o.set("server_cpu_s_per_gib", (b.server - a.server) / gib);
         o.set("agent_cpu_s_per_gib", (b.agent - a.agent) / gib);
+        o.set(
+            "path_cpu_s_per_gib",
+            (b.server - a.server + b.agent - a.agent) / gib,
+        );
     }
     o.set("client_cpu_s_per_gib", (b.client - a.client) / gib);
     o.set("sink_cpu_s_per_gib", (b.sink - a.sink) / gib);
 }
 
-pub async fn w_bulk(ctx: &Ctx, imp: Impl) -> Result<Outcome> {
-    let env = start_env(ctx, imp, FrontMode::Grpc, "bulk", &[]).await?;
+pub async fn w_bulk(ctx: &Ctx, pair: Pair) -> Result<Outcome> {
+    let env = start_env(ctx, pair, FrontMode::Grpc, "bulk", &[]).await?;
     let n = ctx.opts.bulk_bytes;
     let mut o = Outcome::new();
     let a = snap(ctx, Some(&env));
@@ -169,13 +173,13 @@ fn fmt_limit(d: Duration) -> String {
     format!("{} ms", d.as_millis())
 }
 
-pub async fn w_short(ctx: &Ctx, imp: Impl, which: &str) -> Result<Outcome> {
+pub async fn w_short(ctx: &Ctx, pair: Pair, which: &str) -> Result<Outcome> {
     let mode = if which == "connect" {
         FrontMode::HttpConnect
     } else {
         FrontMode::Grpc
     };
-    let env = start_env(ctx, imp, mode, &format!("short-{which}"), &[]).await?;
+    let env = start_env(ctx, pair, mode, &format!("short-{which}"), &[]).await?;
     let style = match which {
         "single" => Style::Single,
         "reusable" => Style::Reusable(uds_channel(&env.sock).await?),
@@ -234,6 +238,10 @@ pub async fn w_short(ctx: &Ctx, imp: Impl, which: &str) -> Result<Outcome> {
     }
     o.set("server_cpu_us_per_tunnel", (b.server - a.server) / ok * 1e6);
     o.set("agent_cpu_us_per_tunnel", (b.agent - a.agent) / ok * 1e6);
+    o.set(
+        "path_cpu_us_per_tunnel",
+        (b.server - a.server + b.agent - a.agent) / ok * 1e6,
+    );
     o.set("errors", errs.len() as f64);
     o.samples.insert("errors".into(), tries.len() as u64);
     if let Some(e) = summarize_errs(&format!("of {} short tunnels failed", tries.len()), &errs) {
@@ -321,8 +329,8 @@ pub fn summarize_errs(what: &str, errs: &[String]) -> Option<String> {
     ))
 }
 
-pub async fn w_idle(ctx: &Ctx, imp: Impl, n: usize) -> Result<Outcome> {
-    let env = start_env(ctx, imp, FrontMode::Grpc, &format!("idle{n}"), &[]).await?;
+pub async fn w_idle(ctx: &Ctx, pair: Pair, n: usize) -> Result<Outcome> {
+    let env = start_env(ctx, pair, FrontMode::Grpc, &format!("idle{n}"), &[]).await?;
     let pid = env.server.pid();
     // Warm-up: let lazily built state exist before the baseline.
     let warm = open_idle(&env.sock, ctx.far, 10, ctx.seed()).await?;
@@ -438,12 +446,12 @@ pub async fn hol_active(ctx: &Ctx, sock: &Path, k: usize, secs: f64) -> Result<H
     })
 }
 
-pub async fn w_hol(ctx: &Ctx, imp: Impl) -> Result<Outcome> {
-    let extra: &[&str] = match imp {
+pub async fn w_hol(ctx: &Ctx, pair: Pair) -> Result<Outcome> {
+    let extra: &[&str] = match pair.server {
         Impl::Ours => &["--frontend-queue-stall-timeout=2s"],
         Impl::Go => &[],
     };
-    let env = start_env(ctx, imp, FrontMode::Grpc, "hol", extra).await?;
+    let env = start_env(ctx, pair, FrontMode::Grpc, "hol", extra).await?;
     let k = ctx.opts.hol_active;
     let secs = ctx.opts.hol_secs;
     let mut o = Outcome::new();
