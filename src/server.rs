@@ -25,7 +25,7 @@ use crate::state::{Shared, Snapshot, SnapshotError};
 
 /// grpc-go's default maximum received message size.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
-/// HTTP/2 flow-control windows on the frontend ports.
+/// HTTP/2 flow-control windows on every gRPC port.
 const STREAM_WINDOW: u32 = 2 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
 /// After the drain, how long stopping the servers may take.
@@ -42,35 +42,18 @@ pub enum RunError {
     Signals(std::io::Error),
 }
 
-/// How the HTTP/2 receive windows of a gRPC port are sized.
-#[derive(Clone, Copy)]
-enum Windows {
-    /// Fixed and generous: frontends sit on the same machine (a Unix socket, or TCP beside
-    /// kube-apiserver), where a large window costs nothing in latency.
-    Fixed,
-    /// Following the link's measured bandwidth-delay product (hyper's BDP estimate, from
-    /// 64 KiB up): agents sit across real networks. A fixed 2 MiB window let a slow link
-    /// queue 2 MiB of downloads ahead of every DIAL_RSP (8 s at 256 KB/s), and capped a
-    /// distant one at 2 MiB per round trip.
-    Adaptive,
-}
-
-fn grpc_server(keepalive: Duration, windows: Windows) -> tonic::transport::Server {
-    let builder = tonic::transport::Server::builder()
+fn grpc_server(keepalive: Duration) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(keepalive))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         // grpc-go sets no stream limit; hyper's default of 200 would starve clients that open
         // one stream per dial on a shared connection.
-        .max_concurrent_streams(Some(u32::MAX));
-    match windows {
-        // The adaptive window's small start would also shrink h2's budget for small DATA
-        // frames (GOAWAY ENHANCE_YOUR_CALM on a burst of dials); the vendored h2 keeps a
-        // floor under that budget (vendor/README.md).
-        Windows::Adaptive => builder.http2_adaptive_window(Some(true)),
-        Windows::Fixed => builder
-            .initial_stream_window_size(Some(STREAM_WINDOW))
-            .initial_connection_window_size(Some(CONNECTION_WINDOW)),
-    }
+        .max_concurrent_streams(Some(u32::MAX))
+        // Fixed, generous windows rather than the adaptive (BDP) window: the adaptive one
+        // starts at 64 KiB, and h2 then answers a burst of small frames (many dials at once on
+        // one connection) with GOAWAY ENHANCE_YOUR_CALM, killing every tunnel on it.
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
 }
 
 /// A running server. Dropping it does not stop it; call [`RunningServer::shutdown`].
@@ -178,7 +161,7 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
     .max_decoding_message_size(MAX_MESSAGE_BYTES);
     serve_grpc(
         &servers,
-        grpc_server(config.keepalive_time, Windows::Adaptive).add_service(agent_service),
+        grpc_server(config.keepalive_time).add_service(agent_service),
         agents,
         with_pings,
         shared.hard_stop.clone(),
@@ -290,8 +273,7 @@ fn spawn_grpc_frontend(
         shared: shared.clone(),
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let frontend_server = grpc_server(config.frontend_keepalive_time, Windows::Fixed)
-        .add_service(proxy_service);
+    let frontend_server = grpc_server(config.frontend_keepalive_time).add_service(proxy_service);
     let hard_stop = shared.hard_stop.clone();
     let stop = accept_stop.clone();
     let holds = shared.accepted_connections();

@@ -243,6 +243,41 @@ fn validation_cases(f: &Files) -> Vec<(Vec<String>, String)> {
 const FRONTEND_WRITE_CHANNEL_SIZE_OURS: &str =
     "frontend write channel size -1 must be greater than or equal to 0";
 
+/// Flags of ours (agent liveness) fail as upstream's do, naming the flag.
+#[test]
+fn agent_liveness_flags_are_validated() {
+    let f = files();
+    let u = format!("--uds-name={}", f.uds);
+    let cases = [
+        ("--agent-ping-dial-wait=-1s", "agent-ping-dial-wait must be >= 0, got -1s"),
+        ("--agent-retire-timeout=1s", "agent-retire-timeout (1s) must be longer than agent-suspect-timeout (1.5s), which must be > 0"),
+        ("--agent-suspect-timeout=0s", "agent-retire-timeout (10s) must be longer than agent-suspect-timeout (0s), which must be > 0"),
+    ];
+    for (flag, message) in cases {
+        let out = run(&["--config=", &u, "--server-port=0", flag], &[]);
+        assert_eq!(out.code, 1, "{flag}: {}", out.stderr);
+        let expected = format!("Error: failed to validate server options with {message}\n");
+        assert_eq!(out.stderr, expected, "{flag}");
+    }
+    // Turned off, the other two are not checked against each other.
+    let out = run(
+        &[
+            "--config=",
+            &u,
+            "--server-port=0",
+            "--agent-ping-interval=0s",
+            "--agent-retire-timeout=1s",
+            "--check-config",
+        ],
+        &[],
+    );
+    assert!(
+        !out.stderr.contains("agent-retire-timeout"),
+        "{}",
+        out.stderr
+    );
+}
+
 #[test]
 fn every_upstream_validation_message_verbatim() {
     let f = files();

@@ -172,8 +172,9 @@ pub struct AgentOptions {
 
     /// Beyond upstream: a server connection that has read nothing this long gets an HTTP/2
     /// PING, whatever --keepalive-time says (the shorter of the two applies). 0 leaves only
-    /// --keepalive-time.
-    #[arg(long, default_value = "5s", allow_hyphen_values = true)]
+    /// --keepalive-time. Upstream's server sends GOAWAY to clients that ping more often than
+    /// every 30s.
+    #[arg(long, default_value = "30s", allow_hyphen_values = true)]
     pub server_ping_interval: GoDuration,
     /// Beyond upstream: a server that leaves a PING unanswered this long is dropped and
     /// connected to again.

@@ -129,6 +129,10 @@ if grep -qE 'FAULT-ASSERTION ' "$LOG"; then
   echo "fault thresholds missed (ours):"
   grep -oE 'FAULT-ASSERTION .*' "$LOG" | cut -c1-300 | sed 's/^/  /'
 fi
+if grep -qE 'FAULT-GOAL-MISSED ' "$LOG"; then
+  echo "fault goals not met yet (ours; reported, not failed; see README):"
+  grep -oE 'FAULT-GOAL-MISSED .*' "$LOG" | cut -c1-300 | sed 's/^/  /'
+fi
 for tag in TOKENREVIEW-COUNTS LEASE-TIMING HA-LB EGRESS METRICS-DIFF PROMTOOL; do
   if grep -qE "${tag}\\[|${tag}:" "$LOG"; then
     grep -oE "${tag}(\\[|:).*" "$LOG" | cut -c1-400 | sed 's/^/  /'

@@ -103,12 +103,7 @@ impl DataFrameBudget {
                 let window = connection_window.unwrap_or(DEFAULT_INITIAL_WINDOW_SIZE);
                 let budget = window as usize / 2;
 
-                // konnectivity-server patch: with an adaptive (BDP) window the connection
-                // window starts at 64 KiB, and a budget of half of it sends GOAWAY for a burst
-                // of small DATA frames that a busy stream left unread (many tunnels on one
-                // agent connection). The floor is the budget that the fixed 32 MiB connection
-                // window gave before the window followed the link.
-                budget.max(DEFAULT_DATA_FRAME_BUDGET).max(ADAPTIVE_DATA_FRAME_BUDGET_FLOOR)
+                budget.max(DEFAULT_DATA_FRAME_BUDGET)
             }
         }
     }

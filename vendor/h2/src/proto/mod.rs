@@ -37,8 +37,6 @@ pub const DEFAULT_LOCAL_RESET_COUNT_MAX: usize = 1024;
 // smaller than this consume more internal bookkeeping than useful data.
 pub const DEFAULT_DATA_FRAME_OVERHEAD_THRESHOLD: usize = 256;
 pub const DEFAULT_DATA_FRAME_BUDGET: usize = DEFAULT_DATA_FRAME_OVERHEAD_THRESHOLD * 100;
-// konnectivity-server patch: see `DataFrameBudget::resolve`.
-pub const ADAPTIVE_DATA_FRAME_BUDGET_FLOOR: usize = 16 << 20;
 pub const MAX_RECV_EMPTY_DATA_FRAMES: usize = 100;
 // RFC 9113 suggests allowing at minimum 100 streams, it seems reasonable to
 // by default allow a portion of that to be remembered as reset for some time.
