@@ -174,7 +174,11 @@ async fn serve_agent(
 ) {
     let metrics = &shared.metrics;
     let agent_id = &session.agent_id;
-    let liveness = watch(&session, &shared);
+    let liveness = watch(
+        &session,
+        || shared.snapshot().config.agent_liveness,
+        metrics,
+    );
     tokio::pin!(liveness);
     loop {
         tokio::select! {

@@ -64,6 +64,18 @@ impl Opts {
     pub fn with_agents(&self) -> bool {
         self.workloads.iter().any(|w| w == "agent")
     }
+
+    /// The workloads of the agent comparison (`--workloads agent`).
+    pub fn agent_workloads(&self) -> Vec<String> {
+        vec![
+            "short-single".into(),
+            "short-connect".into(),
+            "bulk".into(),
+            format!("idle-{}", self.agent_idle_count()),
+            "agent-idle-1".into(),
+            "agent-idle-3".into(),
+        ]
+    }
 }
 
 pub fn parse_opts(args: &[String]) -> Result<Opts> {

@@ -8,7 +8,6 @@ use crate::results::{
     agent_only, cell, excluded, fmt_cell, fmt_ratio, ok_rounds, pair_label, ratio, ratio_of, side,
     values, values_in, workload_names, Cell, Ratio, Record, Side,
 };
-use crate::run::agent_workloads;
 use crate::{GIB, MIB};
 
 pub fn title(w: &str, opts: &Opts) -> String {
@@ -457,7 +456,7 @@ pub fn agent_section(opts: &Opts, records: &[Record]) -> String {
     }
     // The failed runs of the agent comparison's workloads (a Go-agent run also shows under
     // its server table).
-    let agent_ws = agent_workloads(opts);
+    let agent_ws = opts.agent_workloads();
     let failed: Vec<&Record> = records
         .iter()
         .filter(|r| r.error.is_some() && agent_ws.contains(&r.workload))

@@ -42,18 +42,6 @@ pub const PAIR_ORDER: [Pair; 4] = [
     Pair::new(Impl::Ours, Impl::Ours),
 ];
 
-/// The workloads of the agent comparison (`--workloads agent`).
-pub fn agent_workloads(opts: &Opts) -> Vec<String> {
-    vec![
-        "short-single".into(),
-        "short-connect".into(),
-        "bulk".into(),
-        format!("idle-{}", opts.agent_idle_count()),
-        "agent-idle-1".into(),
-        "agent-idle-3".into(),
-    ]
-}
-
 /// The workloads of one server group of `--workloads`.
 fn server_group(opts: &Opts, w: &str) -> Vec<String> {
     match w {
@@ -87,7 +75,7 @@ pub fn jobs_for_round(opts: &Opts, round: usize) -> Vec<Job> {
         order.reverse();
     }
     let agent_names = if opts.with_agents() {
-        agent_workloads(opts)
+        opts.agent_workloads()
     } else {
         vec![]
     };

@@ -17,7 +17,6 @@ use super::session::AgentSession;
 use crate::config::AgentLiveness;
 use crate::h2_ping::PingHandle;
 use crate::metrics::Metrics;
-use crate::state::Shared;
 
 /// How often the watch looks again while the check is turned off, for a reload that turns it on.
 const DISABLED_RECHECK: Duration = Duration::from_secs(1);
@@ -26,21 +25,26 @@ const DISABLED_RECHECK: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct Unanswered(pub Duration);
 
-/// Runs for the life of an agent stream; returns when the agent must be retired.
-pub async fn watch(session: &AgentSession, shared: &Shared) -> Unanswered {
+/// Runs for the life of an agent stream; returns when the agent must be retired. `settings`
+/// gives the current configuration's (a reload applies at the next look).
+pub async fn watch(
+    session: &AgentSession,
+    settings: impl Fn() -> Option<AgentLiveness>,
+    metrics: &Metrics,
+) -> Unanswered {
     let Some(ping) = session.ping.clone() else {
         // Not on a connection we can PING (tests that build sessions by hand).
         return std::future::pending().await;
     };
     loop {
-        let settings = shared.snapshot().config.agent_liveness;
+        let settings = settings();
         let next = match settings {
-            Some(settings) => match step(session, &ping, &settings, &shared.metrics) {
+            Some(settings) => match step(session, &ping, &settings, metrics) {
                 Ok(next) => next,
                 Err(retire) => return retire,
             },
             None => {
-                session.set_suspect(false, &shared.metrics);
+                session.set_suspect(false, metrics);
                 Instant::now() + DISABLED_RECHECK
             }
         };
