@@ -283,14 +283,15 @@ fn killed_error() -> io::Error {
 
 impl<IO: AsyncWrite + Unpin> PingIo<IO> {
     /// Writes the PING asked for, if any, when h2 is between two frames (and past its
-    /// SETTINGS, which must come first). Ready once nothing of ours is left half-written.
-    fn poll_inject(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// SETTINGS, which must come first). Ready once nothing of ours is left half-written,
+    /// with whether this call wrote any of it.
+    fn poll_inject(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
         if self.injecting.is_none() {
             let state = &self.handle.0;
             let requested = state.requested.load(Ordering::Acquire);
             let due = requested != state.sent.load(Ordering::Acquire);
             if !due || !self.written.at_boundary() || self.written.frames == 0 {
-                return Poll::Ready(Ok(()));
+                return Poll::Ready(Ok(false));
             }
             self.injecting = Some((ping_frame(requested), 0, requested));
         }
@@ -305,7 +306,7 @@ impl<IO: AsyncWrite + Unpin> PingIo<IO> {
                 self.injecting = None;
             }
         }
-        Poll::Ready(Ok(()))
+        Poll::Ready(Ok(true))
     }
 
     /// Counts what h2 wrote (of `bufs`, `n` bytes) toward the frame boundaries.
@@ -334,7 +335,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for PingIo<IO> {
         }
         // h2 reads whenever it is idle: the moment to write a PING that was asked for. A
         // write that cannot finish now wakes this task when it can.
-        if let Poll::Ready(Ok(())) = this.poll_inject(cx) {
+        if let Poll::Ready(Ok(true)) = this.poll_inject(cx) {
             let _ = Pin::new(&mut this.io).poll_flush(cx);
         }
         let start = buf.filled().len();

@@ -237,6 +237,12 @@ impl Dial {
         }
     }
 
+    /// The frontend knows the dial was answered: drops the second try and its check.
+    pub fn answered(&mut self) {
+        self.check_at = None;
+        self.second_try = None;
+    }
+
     /// Called at [`Dial::wake_at`]: times the dial out, or sends it to another agent when its
     /// agent stopped answering before it answered the dial.
     pub async fn wake(&mut self, shared: &Shared) -> Wake {

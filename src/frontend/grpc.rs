@@ -246,6 +246,11 @@ impl GrpcTunnel {
             connectionID = connect_id,
             "Received data from connection"
         );
+        if let Some(dial) = &mut self.dial {
+            // The client sends DATA once it has its DIAL_RSP: no second try is left to make,
+            // and no wake-up to arm for every later packet.
+            dial.answered();
+        }
         let Some(agent) = self.dial.as_ref().map(|d| d.agent.clone()) else {
             tracing::info!(
                 v = 2,
@@ -307,6 +312,11 @@ impl GrpcTunnel {
 
     async fn on_close_request(&mut self, connect_id: i64, packet: Packet) {
         tracing::debug!(connectionID = connect_id, "Received CLOSE_REQ");
+        if let Some(dial) = &mut self.dial {
+            // The client sends DATA once it has its DIAL_RSP: no second try is left to make,
+            // and no wake-up to arm for every later packet.
+            dial.answered();
+        }
         let Some(agent) = self.dial.as_ref().map(|d| d.agent.clone()) else {
             tracing::info!(
                 v = 2,
