@@ -1,16 +1,14 @@
-//! The memory allocator: jemalloc, with a background thread that hands freed pages back to the
-//! kernel within about a second (configured in `.cargo/config.toml`), and its statistics for
-//! the metrics.
+//! The memory allocator's statistics for the metrics. The allocator itself is jemalloc, with a
+//! background thread that hands freed pages back to the kernel within about a second
+//! (configured in `.cargo/config.toml`); each binary installs it (`#[global_allocator]` in
+//! `src/main.rs` and `src/bin/konnectivity-agent.rs`), not the library, so that a test binary
+//! can install an allocator of its own (`tests/memory_guard.rs` counts the bytes it hands out).
 //!
 //! Why jemalloc rather than glibc's malloc: a burst of queued tunnel data is allocated on
 //! whichever worker thread decoded it, and glibc keeps what is freed in per-thread arenas
 //! that it trims only at the top of the main heap, so after a burst RSS stayed at its peak;
 //! jemalloc's decay returns it while the server idles. The closing notes of the memory issue
 //! give the measurements.
-
-#[cfg(feature = "jemalloc")]
-#[global_allocator]
-static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// What the allocator holds, in bytes.
 #[derive(Clone, Copy, Debug, Default)]
@@ -29,7 +27,8 @@ pub fn stats() -> Option<AllocatorStats> {
     None
 }
 
-/// A fresh reading; `None` if the allocator does not answer.
+/// A fresh reading; `None` if the allocator does not answer. In a process whose global
+/// allocator is not jemalloc (a test binary), the figures are those of an idle jemalloc.
 #[cfg(feature = "jemalloc")]
 pub fn stats() -> Option<AllocatorStats> {
     use tikv_jemalloc_ctl::{epoch, stats};

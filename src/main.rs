@@ -4,6 +4,12 @@ use konnectivity_server::cli::{self, fail};
 use konnectivity_server::config::{layers, Config, Options};
 use konnectivity_server::{dev, lifecycle, Inherited, Listeners, Snapshot};
 
+// jemalloc (see src/allocator.rs): installed by the binary rather than the library, so test
+// binaries can count allocations with an allocator of their own.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let _finish_logs = cli::FinishLogs;
     start()

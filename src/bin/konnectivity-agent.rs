@@ -7,6 +7,12 @@ use konnectivity_server::cli::{self, fail};
 use konnectivity_server::config::layers;
 use konnectivity_server::lifecycle;
 
+// jemalloc (see src/allocator.rs): installed by the binary rather than the library, so test
+// binaries can count allocations with an allocator of their own.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const PROGRAM: &str = "konnectivity-agent";
 
 fn main() -> ExitCode {
