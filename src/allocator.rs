@@ -10,6 +10,11 @@
 //! jemalloc's decay returns it while the server idles. The closing notes of the memory issue
 //! give the measurements.
 
+// The library's own unit tests are a binary too, and check the statistics against real use.
+#[cfg(all(test, feature = "jemalloc"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// What the allocator holds, in bytes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AllocatorStats {

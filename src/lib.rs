@@ -19,6 +19,7 @@ pub mod proto;
 pub mod wire;
 
 // Building blocks.
+mod accept;
 mod authority;
 mod h2_ping;
 mod kubernetes;

@@ -1,6 +1,6 @@
 //! Listening sockets and the accept loops that feed the servers: binding (or taking the
 //! sockets systemd passed, for socket activation), socket options, TLS handshakes (bounded in
-//! time and in number), and back-off when accepting fails.
+//! time and in number; the accept loop itself is `accept`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::net::{TcpListener, TcpStream, UnixListener};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
+use crate::accept::Acceptor;
 use crate::config::{Config, FrontendAddr};
 use crate::state::{Shared, Snapshot};
 
@@ -25,12 +26,6 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// connections wait in the kernel's backlog, so a flood of silent clients costs a bounded
 /// amount of memory and cannot starve the handshakes of real agents of CPU for long.
 const MAX_CONCURRENT_HANDSHAKES: usize = 256;
-/// Go's default TCP keepalive on accepted sockets.
-const TCP_KEEPALIVE: Duration = Duration::from_secs(15);
-/// Back-off after a failed accept (usually EMFILE), doubling up to the maximum, as Go's
-/// net/http server does.
-const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
-const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 // The cause is in the message and not a `#[source]`, so `{:#}` does not print it twice.
@@ -269,63 +264,6 @@ impl Listeners {
     }
 }
 
-/// Socket options Go sets on every accepted connection: no Nagle delay (small packets such as
-/// dial requests and responses would otherwise wait for the peer's delayed ACK), and TCP
-/// keepalive, so a vanished peer is noticed.
-fn tune_accepted(stream: &TcpStream) {
-    if let Err(e) = stream.set_nodelay(true) {
-        tracing::debug!(error = %e, "could not set TCP_NODELAY");
-    }
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(TCP_KEEPALIVE)
-        .with_interval(TCP_KEEPALIVE);
-    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
-        tracing::debug!(error = %e, "could not enable TCP keepalive");
-    }
-}
-
-/// Exponential back-off for a listener whose accepts fail, logged once per episode rather than
-/// once per attempt, so descriptor exhaustion does not also flood the journal.
-struct AcceptBackoff {
-    what: &'static str,
-    delay: Option<Duration>,
-    failures: u64,
-}
-
-impl AcceptBackoff {
-    fn new(what: &'static str) -> AcceptBackoff {
-        AcceptBackoff {
-            what,
-            delay: None,
-            failures: 0,
-        }
-    }
-
-    async fn failed(&mut self, error: std::io::Error) {
-        let delay = match self.delay {
-            None => {
-                tracing::warn!(listener = self.what, %error, "accept failed; backing off (logged once until accepting works again)");
-                ACCEPT_BACKOFF_MIN
-            }
-            Some(d) => (d * 2).min(ACCEPT_BACKOFF_MAX),
-        };
-        self.delay = Some(delay);
-        self.failures += 1;
-        tokio::time::sleep(delay).await;
-    }
-
-    fn succeeded(&mut self) {
-        if self.delay.take().is_some() {
-            tracing::info!(
-                listener = self.what,
-                failures = self.failures,
-                "accepting again after failures"
-            );
-            self.failures = 0;
-        }
-    }
-}
-
 /// An accepted connection and, on a frontend, its token in [`Shared::accepted_connections`]:
 /// the drain waits for it until the connection's first request is done.
 pub struct Accepted<IO> {
@@ -346,46 +284,27 @@ pub fn spawn_tls_acceptor(
 ) -> ReceiverStream<Accepted<tokio_rustls::server::TlsStream<TcpStream>>> {
     let (tx, rx) = mpsc::channel(64);
     let shared = shared.clone();
-    let handshakes = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
     tokio::spawn(async move {
-        let mut backoff = AcceptBackoff::new(what);
+        let mut acceptor = Acceptor::new(listener, what, Some(MAX_CONCURRENT_HANDSHAKES));
         loop {
-            let permit = tokio::select! {
-                biased;
-                _ = stop.cancelled() => break,
-                permit = handshakes.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-            };
             // Taken before the accept, so no connection is ever accepted without one; it is
             // let go when the stop comes first.
             let hold = holds.as_ref().map(TaskTracker::token);
-            let accepted = tokio::select! {
-                biased;
-                _ = stop.cancelled() => break,
-                accepted = listener.accept() => accepted,
+            let Some(accepted) = acceptor.next(&stop).await else {
+                break;
             };
-            let (stream, peer) = match accepted {
-                Ok(conn) => {
-                    backoff.succeeded();
-                    conn
-                }
-                Err(e) => {
-                    backoff.failed(e).await;
-                    continue;
-                }
-            };
-            tune_accepted(&stream);
             let Some(config) = current_tls(&shared.snapshot()) else {
                 continue;
             };
             let tx = tx.clone();
             tokio::spawn(async move {
                 let acceptor = TlsAcceptor::from(config);
-                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                let handshake =
+                    tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(accepted.io));
                 let result = handshake.await;
-                drop(permit);
+                // The handshake's slot: an established connection no longer needs one.
+                drop(accepted.slot);
+                let peer = accepted.peer;
                 match result {
                     Ok(Ok(tls)) => {
                         let _ = tx.send(Accepted { io: tls, hold }).await;
@@ -408,23 +327,22 @@ pub fn spawn_uds_acceptor(
 ) -> ReceiverStream<Accepted<tokio::net::UnixStream>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
-        let mut backoff = AcceptBackoff::new("the frontend socket");
+        let mut acceptor = Acceptor::new(listener, "the frontend socket", None);
         loop {
             // Taken before the accept: see spawn_tls_acceptor.
             let hold = Some(holds.token());
-            let accepted = tokio::select! {
-                biased;
-                _ = stop.cancelled() => break,
-                accepted = listener.accept() => accepted,
+            let Some(accepted) = acceptor.next(&stop).await else {
+                break;
             };
-            match accepted {
-                Ok((io, _)) => {
-                    backoff.succeeded();
-                    if tx.send(Accepted { io, hold }).await.is_err() {
-                        break;
-                    }
-                }
-                Err(e) => backoff.failed(e).await,
+            if tx
+                .send(Accepted {
+                    io: accepted.io,
+                    hold,
+                })
+                .await
+                .is_err()
+            {
+                break;
             }
         }
     });
@@ -555,30 +473,5 @@ impl<IO> tonic::transport::server::Connected for Tracked<IO> {
 
     fn connect_info(&self) -> ConnStreams {
         self.streams.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn accept_backoff_doubles_to_a_second_and_resets() {
-        let mut backoff = AcceptBackoff::new("test");
-        let mut delays = Vec::new();
-        for _ in 0..10 {
-            let before = tokio::time::Instant::now();
-            backoff
-                .failed(std::io::Error::from_raw_os_error(libc::EMFILE))
-                .await;
-            delays.push(before.elapsed());
-        }
-        assert_eq!(delays[0], ACCEPT_BACKOFF_MIN);
-        assert_eq!(delays[1], ACCEPT_BACKOFF_MIN * 2);
-        assert_eq!(*delays.last().unwrap(), ACCEPT_BACKOFF_MAX);
-        assert_eq!(backoff.failures, 10);
-        backoff.succeeded();
-        assert_eq!(backoff.delay, None);
-        assert_eq!(backoff.failures, 0);
     }
 }

@@ -14,7 +14,13 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
+use crate::accept::Acceptor;
 use crate::state::Shared;
+
+/// Connections open at once on a health or admin port. Probes and scrapers need a few; past
+/// this the port stops accepting and new connections wait in the kernel's backlog, so held
+/// connections cannot take every descriptor.
+pub const MAX_HTTP_CONNECTIONS: usize = 256;
 
 pub const NOT_READY_BODY: &str = "no connection to any proxy agent";
 pub const SHUTTING_DOWN_BODY: &str = "shutting down";
@@ -197,8 +203,8 @@ pub async fn route(
 pub fn spawn_http(tasks: &TaskTracker, listener: TcpListener, port: Port, shared: Arc<Shared>) {
     let stop = shared.hard_stop.clone();
     let what = match port {
-        Port::Health => "health",
-        Port::Admin => "admin",
+        Port::Health => "the health port",
+        Port::Admin => "the admin port",
     };
     serve_http1(
         tasks,
@@ -222,8 +228,8 @@ pub fn spawn_http(tasks: &TaskTracker, listener: TcpListener, port: Port, shared
 }
 
 /// An HTTP/1.1 port of either program (health, admin): every request to `handler`, until
-/// `stop`. A failed accept (EMFILE comes in storms) is logged once per episode, then retried
-/// after a pause.
+/// `stop`, through the common accept loop (`accept`), with at most [`MAX_HTTP_CONNECTIONS`]
+/// connections open. `what` names the port in logs ("the health port").
 pub fn serve_http1<H, F>(
     tasks: &TaskTracker,
     listener: TcpListener,
@@ -236,25 +242,9 @@ pub fn serve_http1<H, F>(
 {
     let connections = TaskTracker::new();
     tasks.spawn(async move {
-        let mut failing = false;
-        loop {
-            let (stream, _) = tokio::select! {
-                _ = stop.cancelled() => break,
-                accepted = listener.accept() => match accepted {
-                    Ok(conn) => {
-                        failing = false;
-                        conn
-                    }
-                    Err(e) => {
-                        if !failing {
-                            tracing::warn!(error = %e, port = what, "accept failed");
-                            failing = true;
-                        }
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
+        let mut acceptor = Acceptor::new(listener, what, Some(MAX_HTTP_CONNECTIONS));
+        while let Some(accepted) = acceptor.next(&stop).await {
+            let (stream, slot) = (accepted.io, accepted.slot);
             let (handler, stop) = (handler.clone(), stop.clone());
             connections.spawn(async move {
                 let service = service_fn(move |req: Request<Incoming>| {
@@ -270,6 +260,7 @@ pub fn serve_http1<H, F>(
                     _ = conn.as_mut() => {}
                     _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
                 }
+                drop(slot);
             });
         }
         connections.close();

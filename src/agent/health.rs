@@ -96,8 +96,8 @@ pub fn spawn(
 ) {
     let stop = servers.state().stop.clone();
     let what = match port {
-        Port::Health => "health",
-        Port::Admin => "admin",
+        Port::Health => "the health port",
+        Port::Admin => "the admin port",
     };
     serve_http1(
         tasks,
