@@ -317,7 +317,7 @@ pub async fn serve<S>(shared: Arc<Shared>, mut stream: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let gauge = shared.metrics.http_connections.clone();
+    let gauge = shared.metrics.frontend.http_connections.clone();
     gauge.inc();
     let mut buf = BytesMut::new();
     loop {

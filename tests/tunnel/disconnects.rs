@@ -11,7 +11,7 @@ async fn row_no_backend_available_dial_rsp_no_agent_available() {
     t.send(dial_req(ADDRESS, 11)).await;
     assert_eq!(t.recv().await, dial_rsp(11, 0, NO_AGENT_AVAILABLE));
     assert_eq!(NO_AGENT_AVAILABLE, "No agent available");
-    assert_eq!(h.metrics().dial_failures(DialFailure::NoAgent), 1);
+    assert_eq!(h.metrics().dial.dial_failures(DialFailure::NoAgent), 1);
     assert_eq!(h.gauges(), (0, 0));
     // The stream stays open until the client ends it, then ends cleanly.
     t.close_send();
@@ -34,7 +34,10 @@ async fn row_agent_dial_error_forwarded_unchanged() {
         dial_rsp(21, 0, error),
         "forwarded unchanged"
     );
-    assert_eq!(h.metrics().dial_failures(DialFailure::ErrorResponse), 1);
+    assert_eq!(
+        h.metrics().dial.dial_failures(DialFailure::ErrorResponse),
+        1
+    );
     h.wait_gauges((0, 0)).await;
     // Nothing is sent to the agent when the client then goes away.
     t.close_send();
@@ -156,7 +159,7 @@ async fn agent_stream_dies_with_dial_pending(death: Death) {
     let fe = h.frontend().await;
     let mut t = h.pending_dial(&fe, &mut agent, ADDRESS, 71).await;
     h.wait_gauges((1, 0)).await;
-    let before = h.metrics().dial_failures(DialFailure::BackendClose);
+    let before = h.metrics().dial.dial_failures(DialFailure::BackendClose);
     match death {
         Death::Eof => {
             agent.close_send();
@@ -171,14 +174,17 @@ async fn agent_stream_dies_with_dial_pending(death: Death) {
         dial_rsp(71, 0, AGENT_DISCONNECTED_DURING_DIAL)
     );
     assert_eq!(
-        h.metrics().dial_failures(DialFailure::BackendClose),
+        h.metrics().dial.dial_failures(DialFailure::BackendClose),
         before + 1
     );
     h.wait_gauges((0, 0)).await;
     // The client gives up; its end of stream is not a frontend_close failure on top.
     t.close_send();
     t.recv_end().await.expect("clean end");
-    assert_eq!(h.metrics().dial_failures(DialFailure::FrontendClose), 0);
+    assert_eq!(
+        h.metrics().dial.dial_failures(DialFailure::FrontendClose),
+        0
+    );
     drop((t, fe));
     h.finish().await;
 }
@@ -208,7 +214,10 @@ async fn frontend_stream_dies_with_dial_pending(death: Death) {
         Death::Reset => drop((t, fe.clone())),
     }
     assert_eq!(agent.recv().await, dial_cls(81));
-    assert_eq!(h.metrics().dial_failures(DialFailure::FrontendClose), 1);
+    assert_eq!(
+        h.metrics().dial.dial_failures(DialFailure::FrontendClose),
+        1
+    );
     h.wait_gauges((0, 0)).await;
     // The agent's late answer is now unrecognized: the server asks it to close.
     agent.send(dial_rsp(81, 9, "")).await;
@@ -270,7 +279,9 @@ async fn row_dial_rsp_for_unknown_random_agent_gets_close_req() {
     agent.send(dial_rsp(424_242, 17, "")).await;
     assert_eq!(agent.recv().await, close_req(17));
     assert_eq!(
-        h.metrics().dial_failures(DialFailure::UnrecognizedResponse),
+        h.metrics()
+            .dial
+            .dial_failures(DialFailure::UnrecognizedResponse),
         1
     );
     // With connect id 0 (a failed dial) there is nothing to close.
@@ -278,7 +289,9 @@ async fn row_dial_rsp_for_unknown_random_agent_gets_close_req() {
     agent.send(dial_rsp(424_244, 0, "")).await;
     assert_eq!(agent.sync().await, Vec::<Packet>::new());
     assert_eq!(
-        h.metrics().dial_failures(DialFailure::UnrecognizedResponse),
+        h.metrics()
+            .dial
+            .dial_failures(DialFailure::UnrecognizedResponse),
         3
     );
     assert_eq!(h.gauges(), (0, 0));
@@ -297,7 +310,7 @@ async fn row_frontend_dial_cls_then_late_dial_rsp_agent_gets_close_req() {
     t.send(dial_cls(101)).await;
     eventually(
         "dial_failure_count{reason=frontend_close} to count the DIAL_CLS",
-        || h.metrics().dial_failures(DialFailure::FrontendClose) == 1,
+        || h.metrics().dial.dial_failures(DialFailure::FrontendClose) == 1,
         || "still 0".into(),
     )
     .await;
@@ -310,7 +323,10 @@ async fn row_frontend_dial_cls_then_late_dial_rsp_agent_gets_close_req() {
     t.close_send();
     t.recv_end().await.expect("clean end");
     assert_eq!(agent.sync().await, Vec::<Packet>::new());
-    assert_eq!(h.metrics().dial_failures(DialFailure::FrontendClose), 1);
+    assert_eq!(
+        h.metrics().dial.dial_failures(DialFailure::FrontendClose),
+        1
+    );
     drop((t, fe, agent));
     h.finish().await;
 }
@@ -348,7 +364,9 @@ async fn row_backend_dial_timeout_while_pending_dial_rsp_timed_out() {
     assert_eq!(t.recv().await, dial_rsp(121, 0, DIAL_TIMEOUT));
     assert_eq!(DIAL_TIMEOUT, "timed out waiting for backend dial");
     assert_eq!(
-        h.metrics().dial_failures(DialFailure::BackendDialTimeout),
+        h.metrics()
+            .dial
+            .dial_failures(DialFailure::BackendDialTimeout),
         1
     );
     h.wait_gauges((0, 0)).await;

@@ -63,8 +63,8 @@ async fn a_stop_with_no_tunnel_open_serves_a_connection_accepted_before_it() {
     within("the drain to end once the tunnel is released", stopping)
         .await
         .expect("the shutdown task");
-    assert_eq!(shared.metrics.established_connections.get(), 0);
-    assert_eq!(shared.metrics.pending_backend_dials.get(), 0);
+    assert_eq!(shared.metrics.tunnel.established_connections.get(), 0);
+    assert_eq!(shared.metrics.dial.pending_backend_dials.get(), 0);
     drop((fresh, agent));
 }
 
@@ -77,17 +77,17 @@ async fn startup_grace_a_dial_without_agent_waits_for_one_to_connect() {
     // No agent yet: the dial waits instead of failing.
     eventually(
         "the dial to wait for an agent",
-        || h.metrics().dials_waiting_for_agent.get() == 1,
-        || format!("{} waiting", h.metrics().dials_waiting_for_agent.get()),
+        || h.metrics().dial.dials_waiting_for_agent.get() == 1,
+        || format!("{} waiting", h.metrics().dial.dials_waiting_for_agent.get()),
     )
     .await;
     let mut agent = h.agent("late").await;
     assert_eq!(agent.recv().await, dial_req("10.0.0.1:443", 311));
     agent.send(dial_rsp(311, 1, "")).await;
     assert_eq!(tunnel.recv().await, dial_rsp(311, 1, ""));
-    assert_eq!(h.metrics().startup_waits("agent"), 1);
-    assert_eq!(h.metrics().dials_waiting_for_agent.get(), 0);
-    assert_eq!(h.metrics().dial_failures(DialFailure::NoAgent), 0);
+    assert_eq!(h.metrics().dial.startup_waits("agent"), 1);
+    assert_eq!(h.metrics().dial.dials_waiting_for_agent.get(), 0);
+    assert_eq!(h.metrics().dial.dial_failures(DialFailure::NoAgent), 0);
     drop(tunnel);
     assert_eq!(agent.recv().await, close_req(1));
     drop((fe, agent));
@@ -105,13 +105,17 @@ async fn startup_grace_over_a_dial_without_agent_fails_as_upstream() {
         dial_rsp(312, 0, NO_AGENT_AVAILABLE),
         "once the grace is over, no agent fails the dial"
     );
-    assert_eq!(h.metrics().startup_waits("no_agent"), 1);
-    assert_eq!(h.metrics().dial_failures(DialFailure::NoAgent), 1);
+    assert_eq!(h.metrics().dial.startup_waits("no_agent"), 1);
+    assert_eq!(h.metrics().dial.dial_failures(DialFailure::NoAgent), 1);
     // After the grace, a dial fails at once, without waiting.
     let mut again = fe.open().await;
     again.send(dial_req("10.0.0.1:443", 313)).await;
     assert_eq!(again.recv().await, dial_rsp(313, 0, NO_AGENT_AVAILABLE));
-    assert_eq!(h.metrics().startup_waits("no_agent"), 1, "no second wait");
+    assert_eq!(
+        h.metrics().dial.startup_waits("no_agent"),
+        1,
+        "no second wait"
+    );
     drop((tunnel, again, fe));
     h.finish().await;
 }

@@ -180,6 +180,7 @@ async fn many_streams_on_one_connection(burst: bool) {
         "250 Proxy streams open at the server",
         || {
             h.metrics()
+                .frontend
                 .grpc_connections
                 .with_label_values(&["Proxy"])
                 .get()
@@ -200,6 +201,7 @@ async fn many_streams_on_one_connection(burst: bool) {
     h.wait_gauges((0, STREAMS)).await;
     assert_eq!(
         h.metrics()
+            .frontend
             .grpc_connections
             .with_label_values(&["Proxy"])
             .get(),

@@ -77,7 +77,7 @@ async fn health_endpoints_follow_agent_connections() {
     drop((failed, agent));
     eventually(
         "/readyz to turn 500 after the agent left",
-        || h.metrics().ready_backend_connections.get() == 0,
+        || h.metrics().backend.ready_backend_connections.get() == 0,
         || "agent still registered".into(),
     )
     .await;

@@ -115,7 +115,7 @@ async fn misbehaving_unknown_ids_are_contained() {
     agent.send(data(1, &b"reply"[..])).await;
     assert_eq!(t.recv().await, data(1, &b"reply"[..]));
     h.wait_gauges((0, 1)).await;
-    assert_eq!(h.metrics().dial_failures(DialFailure::BackendClose), 0);
+    assert_eq!(h.metrics().dial.dial_failures(DialFailure::BackendClose), 0);
 
     drop(t);
     assert_eq!(agent.recv().await, close_req(1));
@@ -223,7 +223,7 @@ async fn misbehaving_agent_two_agent_ids_rejected() {
         "expected one agent ID in the context, got [a b]"
     );
     // Not registered: the server is still not ready and dials find no agent.
-    assert!(h.metrics().ready_backend_connections.get() == 0);
+    assert!(h.metrics().backend.ready_backend_connections.get() == 0);
     let (code, _) = Harness::http_get(h.health_addr, "/readyz").await;
     assert_eq!(code, 500);
     h.finish().await;
@@ -432,7 +432,7 @@ async fn misbehaving_frontend_stops_reading_only_its_tunnel_is_closed() {
         "the agent was told to close the slow tunnel"
     );
     assert!(at_agent.iter().all(|p| *p == close_req(2)), "{at_agent:?}");
-    assert_eq!(h.metrics().frontend_queue_overflows.get(), 1);
+    assert_eq!(h.metrics().frontend.frontend_queue_overflows.get(), 1);
     h.wait_gauges((0, 1)).await;
     // When the slow frontend reads again, it finds its queued data, then the reason.
     let mut data_bytes = 0;
@@ -479,14 +479,14 @@ async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_fi
     for _ in 0..20 {
         agent.send(data(3, chunk.clone())).await;
     }
-    assert_eq!(h.metrics().frontend_queue_budget_closes.get(), 0);
+    assert_eq!(h.metrics().frontend.frontend_queue_budget_closes.get(), 0);
     // A frontend counts as not reading once it took nothing for 250 ms: let both idle ones
     // pass that (time only grows, so this cannot be too short under load).
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     // More for the larger one until the budget closes a tunnel: it closes the idle tunnel
     // holding the most, never the reader.
     let mut sent_large = 20;
-    while h.metrics().frontend_queue_budget_closes.get() == 0 {
+    while h.metrics().frontend.frontend_queue_budget_closes.get() == 0 {
         assert!(sent_large < 96, "the budget never closed a tunnel");
         agent.send(data(3, chunk.clone())).await;
         sent_large += 1;
@@ -499,10 +499,10 @@ async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_fi
         at_agent.iter().all(|p| *p == close_req(3)) && !at_agent.is_empty(),
         "the agent was told to close the larger idle tunnel only: {at_agent:?}"
     );
-    assert_eq!(h.metrics().frontend_queue_budget_closes.get(), 1);
-    assert_eq!(h.metrics().frontend_queue_overflows.get(), 0);
+    assert_eq!(h.metrics().frontend.frontend_queue_budget_closes.get(), 1);
+    assert_eq!(h.metrics().frontend.frontend_queue_overflows.get(), 0);
     // Its queue was emptied at once; the smaller idle tunnel keeps its 8 MiB.
-    let queued = h.metrics().frontend_queued_bytes.get();
+    let queued = h.metrics().frontend.frontend_queued_bytes.get();
     assert!(queued <= 8 << 20, "queued {queued} bytes after the close");
     h.wait_gauges((0, 2)).await;
     // The closed tunnel's client, reading at last, finds the reason after what the transport
@@ -522,7 +522,7 @@ async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_fi
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!(h.metrics().frontend_queued_bytes.get(), 0);
+    assert_eq!(h.metrics().frontend.frontend_queued_bytes.get(), 0);
     drop((reader, small, large));
     let mut closes = vec![agent.recv().await, agent.recv().await];
     closes.sort_by_key(|p| format!("{p:?}"));

@@ -112,6 +112,7 @@ async fn misbehaving_agent_a_flood_of_bad_packets_is_counted_not_logged_each() {
     }
     let counted = || {
         h.metrics()
+            .tunnel
             .peer_violations
             .with_label_values(&["agent", "unknown_packet_type"])
             .get()
@@ -124,7 +125,7 @@ async fn misbehaving_agent_a_flood_of_bad_packets_is_counted_not_logged_each() {
     .await;
     // The log allowance is one line a second with bursts of ten, server-wide; how many lines
     // this cost depends on how long the flood took, never on how many packets it had.
-    let allowance = h.metrics().peer_violation_lines();
+    let allowance = h.metrics().tunnel.peer_violation_lines();
     assert!(allowance >= 1, "the first violation is logged");
     assert!(
         allowance <= 10 + 60,
