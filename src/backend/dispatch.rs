@@ -276,12 +276,12 @@ async fn close_behind(
     let dropped = link.abort();
     let (counter, error, why) = match why {
         Backlog::Overflow => (
-            &metrics.frontend.frontend_queue_overflows,
+            &metrics.frontend.queue_overflows,
             FRONTEND_QUEUE_OVERFLOW,
             "its frontend stopped reading and its queue passed the byte or stall limit",
         ),
         Backlog::Budget => (
-            &metrics.frontend.frontend_queue_budget_closes,
+            &metrics.frontend.queue_budget_closes,
             FRONTEND_QUEUE_BUDGET,
             "the server's frontend queue budget is exhausted and this frontend, holding the most unread data, is not reading",
         ),
@@ -326,7 +326,7 @@ pub async fn enforce_budget(registry: &Registry, metrics: &Metrics, budget: &Que
         let Some(dropped) = budget.abort_largest_idle() else {
             break;
         };
-        metrics.frontend.frontend_queue_budget_closes.inc();
+        metrics.frontend.queue_budget_closes.inc();
         tracing::warn!(
             dropped,
             "dropping the unread data of a closed tunnel: the server's frontend queue budget is exhausted"

@@ -8,15 +8,15 @@ use super::LATENCY_BUCKETS;
 pub struct FrontendMetrics {
     pub grpc_connections: IntGaugeVec,
     pub http_connections: IntGauge,
-    pub frontend_write_duration: Histogram,
-    pub full_frontend_write_queues: IntGauge,
-    pub blocked_frontend_write_channels: IntGauge,
+    pub write_duration: Histogram,
+    pub full_write_queues: IntGauge,
+    pub blocked_write_channels: IntGauge,
     /// Beyond upstream: tunnels closed because their frontend could not keep up.
-    pub frontend_queue_overflows: IntCounter,
+    pub queue_overflows: IntCounter,
     /// Beyond upstream: DATA bytes queued toward all frontends (the budget's use).
-    pub frontend_queued_bytes: IntGauge,
+    pub queued_bytes: IntGauge,
     /// Beyond upstream: tunnels closed to keep the server within its queue budget.
-    pub frontend_queue_budget_closes: IntCounter,
+    pub queue_budget_closes: IntCounter,
 }
 
 impl FrontendMetrics {
@@ -41,28 +41,28 @@ impl FrontendMetrics {
                 "http_connections",
                 "Number of current HTTP CONNECT connections",
             ),
-            frontend_write_duration: f.histogram(
+            write_duration: f.histogram(
                 "frontend_write_duration_seconds",
                 "Latency of write to the frontend in seconds",
                 LATENCY_BUCKETS,
             ),
-            full_frontend_write_queues: f.gauge(
+            full_write_queues: f.gauge(
                 "full_frontend_write_queues",
                 "Number of per-connection HTTP CONNECT frontend write queues currently at capacity.",
             ),
-            blocked_frontend_write_channels: f.gauge(
+            blocked_write_channels: f.gauge(
                 "blocked_frontend_write_channels",
                 "Number of backend receive loops currently blocked enqueueing to a full HTTP CONNECT frontend write channel.",
             ),
-            frontend_queue_overflows: f.counter(
+            queue_overflows: f.counter(
                 "frontend_queue_overflows_total",
                 "Tunnels closed because their frontend did not drain its queue within the byte or time limit.",
             ),
-            frontend_queued_bytes: f.gauge(
+            queued_bytes: f.gauge(
                 "frontend_queued_bytes",
                 "DATA bytes queued toward frontends, counted against --frontend-queue-budget-bytes.",
             ),
-            frontend_queue_budget_closes: f.counter(
+            queue_budget_closes: f.counter(
                 "frontend_queue_budget_closes_total",
                 "Tunnels whose frontend was not reading, closed because the server's frontend queue budget was exhausted.",
             ),

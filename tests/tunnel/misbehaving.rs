@@ -432,7 +432,7 @@ async fn misbehaving_frontend_stops_reading_only_its_tunnel_is_closed() {
         "the agent was told to close the slow tunnel"
     );
     assert!(at_agent.iter().all(|p| *p == close_req(2)), "{at_agent:?}");
-    assert_eq!(h.metrics().frontend.frontend_queue_overflows.get(), 1);
+    assert_eq!(h.metrics().frontend.queue_overflows.get(), 1);
     h.wait_gauges((0, 1)).await;
     // When the slow frontend reads again, it finds its queued data, then the reason.
     let mut data_bytes = 0;
@@ -479,14 +479,14 @@ async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_fi
     for _ in 0..20 {
         agent.send(data(3, chunk.clone())).await;
     }
-    assert_eq!(h.metrics().frontend.frontend_queue_budget_closes.get(), 0);
+    assert_eq!(h.metrics().frontend.queue_budget_closes.get(), 0);
     // A frontend counts as not reading once it took nothing for 250 ms: let both idle ones
     // pass that (time only grows, so this cannot be too short under load).
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     // More for the larger one until the budget closes a tunnel: it closes the idle tunnel
     // holding the most, never the reader.
     let mut sent_large = 20;
-    while h.metrics().frontend.frontend_queue_budget_closes.get() == 0 {
+    while h.metrics().frontend.queue_budget_closes.get() == 0 {
         assert!(sent_large < 96, "the budget never closed a tunnel");
         agent.send(data(3, chunk.clone())).await;
         sent_large += 1;
@@ -499,10 +499,10 @@ async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_fi
         at_agent.iter().all(|p| *p == close_req(3)) && !at_agent.is_empty(),
         "the agent was told to close the larger idle tunnel only: {at_agent:?}"
     );
-    assert_eq!(h.metrics().frontend.frontend_queue_budget_closes.get(), 1);
-    assert_eq!(h.metrics().frontend.frontend_queue_overflows.get(), 0);
+    assert_eq!(h.metrics().frontend.queue_budget_closes.get(), 1);
+    assert_eq!(h.metrics().frontend.queue_overflows.get(), 0);
     // Its queue was emptied at once; the smaller idle tunnel keeps its 8 MiB.
-    let queued = h.metrics().frontend.frontend_queued_bytes.get();
+    let queued = h.metrics().frontend.queued_bytes.get();
     assert!(queued <= 8 << 20, "queued {queued} bytes after the close");
     h.wait_gauges((0, 2)).await;
     // The closed tunnel's client, reading at last, finds the reason after what the transport
@@ -522,7 +522,7 @@ async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_fi
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!(h.metrics().frontend.frontend_queued_bytes.get(), 0);
+    assert_eq!(h.metrics().frontend.queued_bytes.get(), 0);
     drop((reader, small, large));
     let mut closes = vec![agent.recv().await, agent.recv().await];
     closes.sort_by_key(|p| format!("{p:?}"));
