@@ -122,6 +122,7 @@ impl AgentService for AgentServer {
         shared.registry.add(&session);
         shared
             .metrics
+            .frontend
             .grpc_connections
             .with_label_values(&["Connect"])
             .inc();
@@ -189,7 +190,7 @@ async fn serve_agent(
             }
             Unanswered(silent) = &mut liveness => {
                 tracing::warn!(agentID = %agent_id, unanswered = ?silent, "agent did not answer PING: retiring its connection, failing its dials and closing its tunnels");
-                metrics.unanswered_agent_retirements.inc();
+                metrics.backend.unanswered_agent_retirements.inc();
                 session.set_draining();
                 if let Some(ping) = &session.ping {
                     // The connection itself goes too: nothing on it can be answered.
@@ -209,7 +210,7 @@ async fn serve_agent(
                 }
                 Err(status) => {
                     let code = stream_error_code(&status);
-                    metrics.stream_error(Segment::FromAgent, code, "Unknown");
+                    metrics.tunnel.stream_error(Segment::FromAgent, code, "Unknown");
                     if code == tonic::Code::Cancelled {
                         tracing::info!(v = 2, agentID = %agent_id, "Stream read from agent cancelled");
                     } else {
@@ -226,6 +227,7 @@ async fn serve_agent(
     session.retired.cancel();
     teardown_agent(&session, metrics);
     metrics
+        .frontend
         .grpc_connections
         .with_label_values(&["Connect"])
         .dec();

@@ -12,7 +12,7 @@ use crate::logging;
 pub struct LogFlags<'a> {
     pub v: u32,
     pub vmodule: &'a str,
-    pub log_format: &'a str,
+    pub log_format: LogFormat,
     pub logtostderr: bool,
     pub alsologtostderr: bool,
     pub log_file: &'a str,
@@ -23,11 +23,6 @@ pub struct LogFlags<'a> {
 /// Starts logging as the flags say (stderr, journald or klog's file); `program` names the
 /// journal identifier and the file in `--log-dir`.
 pub fn init_logging(program: &'static str, flags: &LogFlags<'_>) {
-    let format = match flags.log_format {
-        "journald" => LogFormat::Journald,
-        "stderr" => LogFormat::Stderr,
-        _ => LogFormat::Auto,
-    };
     let file = logging::FileSink::from_klog(
         program,
         flags.logtostderr,
@@ -36,7 +31,7 @@ pub fn init_logging(program: &'static str, flags: &LogFlags<'_>) {
         flags.log_file_max_size,
         flags.alsologtostderr,
     );
-    logging::init(program, flags.v, flags.vmodule, format, file);
+    logging::init(program, flags.v, flags.vmodule, flags.log_format, file);
 }
 
 /// Prints `message` and returns upstream's exit code for a bad start.

@@ -183,7 +183,7 @@ impl Shared {
     pub fn counts(&self) -> (usize, i64) {
         (
             self.registry.agents().len(),
-            self.metrics.established_connections.get(),
+            self.metrics.tunnel.established_connections.get(),
         )
     }
 

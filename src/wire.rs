@@ -26,7 +26,7 @@ pub const UNRECOGNIZED_CONNECT_ID: &str = "unrecognized connectID";
 /// DIAL_RSP error while the server drains (beyond upstream, which keeps accepting).
 pub const SHUTTING_DOWN: &str = "konnectivity-server is shutting down: no new dials accepted";
 /// Sent to a frontend whose dial was pending when its agent disconnected. Upstream leaves
-/// such a dial hanging until the client's own timeout (its issue #126); we answer at once.
+/// such a dial hanging until the client's own timeout; we answer at once.
 pub const AGENT_DISCONNECTED_DURING_DIAL: &str =
     "agent disconnected before answering the dial request";
 /// DIAL_RSP error when a frontend reuses a dial id that is still pending on the agent.

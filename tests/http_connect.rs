@@ -230,7 +230,7 @@ async fn the_connection_stays_open_after_a_405() {
     h.finish().await;
 }
 
-/// As `a_stop_with_no_tunnel_open_serves_a_connection_accepted_before_it` (tests/tunnel.rs):
+/// As `a_stop_with_no_tunnel_open_serves_a_connection_accepted_before_it` (tests/tunnel/drain.rs):
 /// a CONNECT that arrives on a connection accepted before the stop began is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_serves_the_connect_of_a_connection_accepted_before_it() {
@@ -247,6 +247,6 @@ async fn a_stop_serves_the_connect_of_a_connection_accepted_before_it() {
     within("the drain to end once the tunnel is released", stopping)
         .await
         .expect("the shutdown task");
-    assert_eq!(shared.metrics.established_connections.get(), 0);
+    assert_eq!(shared.metrics.tunnel.established_connections.get(), 0);
     drop(agent);
 }

@@ -147,25 +147,25 @@ async fn a_blackholed_agent_is_suspected_its_dial_sent_elsewhere_and_it_is_retir
     // The DIAL_REQ went to "a" and was lost; "a" leaves the server's PING unanswered, is
     // suspected, and the dial comes to "b", with the frontend's own id.
     assert_eq!(b.recv().await, dial_req("a:443", 7));
-    assert_eq!(h.metrics().dial_retries("sent"), 1);
+    assert_eq!(h.metrics().dial.dial_retries("sent"), 1);
     b.send(dial_rsp(7, 200, "")).await;
     assert_eq!(tunnel.recv().await, dial_rsp(7, 200, ""));
 
     let listed = agents_json(&h).await;
     let a_entry = listed.iter().find(|e| e["agent_id"] == "a").unwrap();
     let b_entry = listed.iter().find(|e| e["agent_id"] == "b").unwrap();
-    if h.metrics().unanswered_agent_retirements.get() == 0 {
+    if h.metrics().backend.unanswered_agent_retirements.get() == 0 {
         assert_eq!(a_entry["suspect"], true, "{a_entry}");
         assert!(a_entry["ping_unanswered_seconds"].as_f64().unwrap() >= 0.5);
-        assert_eq!(h.metrics().suspect_agents.get(), 1);
+        assert_eq!(h.metrics().backend.suspect_agents.get(), 1);
     }
     assert_eq!(b_entry["suspect"], false, "{b_entry}");
 
     // Retired: the tunnel open through "a" is closed, its frontend told.
     assert_eq!(open_through_a.recv().await, close_rsp(100, ""));
     h.wait_agents(1).await;
-    assert_eq!(h.metrics().unanswered_agent_retirements.get(), 1);
-    assert_eq!(h.metrics().suspect_agents.get(), 0);
+    assert_eq!(h.metrics().backend.unanswered_agent_retirements.get(), 1);
+    assert_eq!(h.metrics().backend.suspect_agents.get(), 0);
 
     // The tunnel that moved to "b" carries on.
     tunnel.send(data(200, &b"ping"[..])).await;
@@ -192,10 +192,10 @@ async fn an_agent_that_answers_pings_is_never_suspected_though_its_dials_are_slo
     // Well past the suspect and retire timeouts: the agent answers PINGs (its HTTP/2 layer
     // does), so the slow dial stays where it is.
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(h.metrics().suspect_agents.get(), 0);
-    assert_eq!(h.metrics().dial_retries("sent"), 0);
-    assert_eq!(h.metrics().dial_retries("no_other_agent"), 0);
-    assert_eq!(h.metrics().unanswered_agent_retirements.get(), 0);
+    assert_eq!(h.metrics().backend.suspect_agents.get(), 0);
+    assert_eq!(h.metrics().dial.dial_retries("sent"), 0);
+    assert_eq!(h.metrics().dial.dial_retries("no_other_agent"), 0);
+    assert_eq!(h.metrics().backend.unanswered_agent_retirements.get(), 0);
     let listed = agents_json(&h).await;
     assert!(
         listed[0]["last_ping_answer_seconds_ago"].as_f64().is_some(),
@@ -232,13 +232,13 @@ async fn with_no_other_agent_a_dial_waits_on_a_suspect_one_until_it_is_retired()
             konnectivity_server::wire::AGENT_DISCONNECTED_DURING_DIAL
         )
     );
-    assert_eq!(h.metrics().dial_retries("no_other_agent"), 1);
-    assert_eq!(h.metrics().unanswered_agent_retirements.get(), 1);
+    assert_eq!(h.metrics().dial.dial_retries("no_other_agent"), 1);
+    assert_eq!(h.metrics().backend.unanswered_agent_retirements.get(), 1);
     h.wait_agents(0).await;
     drop(tunnel);
     drop(frontend);
     h.wait_gauges((0, 0)).await;
-    assert_eq!(h.metrics().suspect_agents.get(), 0);
+    assert_eq!(h.metrics().backend.suspect_agents.get(), 0);
     drop(a);
     drop(relay);
     h.finish().await;

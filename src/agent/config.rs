@@ -247,16 +247,7 @@ impl AgentConfig {
                 o.endpoint_dial_timeout
             )));
         }
-        let log_format = match o.log_format.as_str() {
-            "auto" => LogFormat::Auto,
-            "journald" => LogFormat::Journald,
-            "stderr" => LogFormat::Stderr,
-            other => {
-                return Err(invalid(format!(
-                    "--log-format must be one of auto, journald, stderr, got {other:?}"
-                )))
-            }
-        };
+        let log_format = o.log_format;
         let server_port = u16::try_from(o.proxy_server_port).map_err(|_| {
             invalid(format!(
                 "proxy server port {} is out of range",

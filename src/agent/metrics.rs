@@ -1,16 +1,12 @@
 //! The agent's Prometheus metrics, with upstream's names, types, labels, buckets and HELP
 //! text, plus a few of our own (queue closes, queued bytes, peer violations). Each family is
-//! created and registered in one place: `family`.
+//! created and registered in one step, by `crate::metrics::family::Families`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use prometheus::{HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use prometheus::core::Collector;
-use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
-};
+use crate::metrics::family::Families;
+use crate::metrics::log_limit::ViolationLog;
 
-const NAMESPACE: &str = "konnectivity_network_proxy";
 const SUBSYSTEM: &str = "agent";
 /// The label values of a family without labels.
 const NO_LABELS: &[&str] = &[];
@@ -59,49 +55,18 @@ pub struct AgentMetrics {
     queue_closes: IntCounterVec,
     pub queued_bytes: IntGauge,
     violations: IntCounterVec,
-    violation_log: governor::DefaultDirectRateLimiter,
-    violations_unlogged: AtomicU64,
-}
-
-fn opts(name: &str, help: &str) -> Opts {
-    Opts::new(name, help)
-        .namespace(NAMESPACE)
-        .subsystem(SUBSYSTEM)
-}
-
-/// Registers `metric` in `registry` and returns it.
-fn family<C: Collector + Clone + 'static>(registry: &Registry, metric: C) -> C {
-    registry
-        .register(Box::new(metric.clone()))
-        .expect("metric names are unique");
-    metric
+    violation_log: ViolationLog,
 }
 
 impl AgentMetrics {
     pub fn new() -> AgentMetrics {
         let r = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            family(
-                &r,
-                IntCounterVec::new(opts(name, help), labels).expect("valid metric"),
-            )
-        };
+        let f = Families::new(&r, SUBSYSTEM);
+        let counter = |name: &str, help: &str, labels: &[&str]| f.counter_vec(name, help, labels);
         let histogram = |name: &str, help: &str, labels: &[&str]| {
-            family(
-                &r,
-                HistogramVec::new(
-                    HistogramOpts::from(opts(name, help)).buckets(DIAL_BUCKETS.to_vec()),
-                    labels,
-                )
-                .expect("valid metric"),
-            )
+            f.histogram_vec(name, help, labels, Some(DIAL_BUCKETS))
         };
-        let gauge = |name: &str, help: &str| {
-            family(
-                &r,
-                IntGauge::with_opts(opts(name, help)).expect("valid metric"),
-            )
-        };
+        let gauge = |name: &str, help: &str| f.gauge(name, help);
         let metrics = AgentMetrics {
             dial_duration: histogram(
                 "dial_duration_seconds",
@@ -113,16 +78,10 @@ impl AgentMetrics {
                 "Number of failures dialing the remote endpoint, by reason (example: timeout).",
                 &["reason"],
             ),
-            open_endpoints: family(
-                &r,
-                IntGaugeVec::new(
-                    opts(
-                        "open_endpoint_connections",
-                        "Current number of open endpoint connections.",
-                    ),
-                    &[],
-                )
-                .expect("valid metric"),
+            open_endpoints: f.gauge_vec(
+                "open_endpoint_connections",
+                "Current number of open endpoint connections.",
+                &[],
             ),
             open_servers: gauge(
                 "open_server_connections",
@@ -171,15 +130,11 @@ impl AgentMetrics {
                 "Packets from a server that broke the protocol, by kind; their log lines are rate limited.",
                 &["kind"],
             ),
-            violation_log: governor::RateLimiter::direct(crate::metrics::violation_log_quota()),
-            violations_unlogged: AtomicU64::new(0),
-            registry: r,
+            violation_log: ViolationLog::new(),
+            registry: r.clone(),
         };
-        for collector in crate::metrics::process_collectors() {
-            metrics
-                .registry
-                .register(collector)
-                .expect("metric names are unique");
+        for collector in crate::metrics::process::collectors() {
+            f.collector(collector);
         }
         // Upstream creates this gauge at the first connection; a scraper that reads it
         // before then (upstream's own test framework does) must find 0, not nothing.
@@ -226,7 +181,8 @@ impl AgentMetrics {
 
     /// A stream that failed to send (`from_agent`, with the packet's type) or to receive.
     pub fn stream_error(&self, segment: &'static str, status: &tonic::Status, kind: &str) {
-        let code = crate::metrics::go_code_name(crate::metrics::stream_error_code(status));
+        use crate::metrics::grpc_status::{go_code_name, stream_error_code};
+        let code = go_code_name(stream_error_code(status));
         self.stream_errors
             .with_label_values(&[segment, code, kind])
             .inc();
@@ -252,12 +208,7 @@ impl AgentMetrics {
     /// being how many earlier ones were not.
     pub fn peer_violation(&self, kind: &'static str) -> Option<u64> {
         self.violations.with_label_values(&[kind]).inc();
-        if self.violation_log.check().is_ok() {
-            Some(self.violations_unlogged.swap(0, Ordering::AcqRel))
-        } else {
-            self.violations_unlogged.fetch_add(1, Ordering::AcqRel);
-            None
-        }
+        self.violation_log.allow()
     }
 
     pub fn peer_violations(&self, kind: &str) -> u64 {
@@ -266,11 +217,7 @@ impl AgentMetrics {
 
     /// The classic Prometheus text exposition, numbers spelled as Go's expfmt spells them.
     pub fn render(&self) -> String {
-        let mut out = Vec::new();
-        TextEncoder::new()
-            .encode(&self.registry.gather(), &mut out)
-            .expect("text encoding cannot fail");
-        crate::metrics::go_spelling(&String::from_utf8(out).expect("text exposition is UTF-8"))
+        crate::metrics::exposition::render(&self.registry)
     }
 }
 

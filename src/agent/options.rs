@@ -9,7 +9,7 @@ use clap::{ArgAction, Parser};
 use serde::{Deserialize, Serialize};
 
 use crate::config::goflag::{any_path, go_bool, go_int, go_level, go_uint, level};
-use crate::config::GoDuration;
+use crate::config::{GoDuration, LogFormat};
 
 /// A drop-in replacement for the Konnectivity proxy-agent.
 ///
@@ -214,7 +214,7 @@ pub struct AgentOptions {
     pub watch_files: bool,
     /// Where logs go: auto (journald when run by systemd, else stderr), journald, stderr.
     #[arg(long, default_value = "auto")]
-    pub log_format: String,
+    pub log_format: LogFormat,
 
     // --- klog flags ---
     /// number for the log level verbosity

@@ -49,7 +49,7 @@ pub async fn route_from_agent(
     packet: Packet,
 ) {
     let kind = PacketType::try_from(packet.r#type);
-    metrics.packet(Segment::FromAgent, packet.r#type);
+    metrics.tunnel.packet(Segment::FromAgent, packet.r#type);
     match (kind, &packet.payload) {
         (Ok(PacketType::DialRsp), Some(Payload::DialResponse(rsp))) => {
             let rsp = rsp.clone();
@@ -87,7 +87,7 @@ pub async fn route_from_agent(
             tracing::debug!(agentID = %agent.agent_id, dialID = cls.random, "Received DIAL_CLS");
             match agent.take_pending(cls.random) {
                 Some(pending) => {
-                    metrics.dial_failure(DialFailure::BackendClose);
+                    metrics.dial.dial_failure(DialFailure::BackendClose);
                     tracing::error!(
                         dialID = cls.random,
                         agentID = %agent.agent_id,
@@ -108,7 +108,10 @@ pub async fn route_from_agent(
             tracing::info!(v = 2, agentID = %agent.agent_id, "marked backend as draining, will not route new requests to this agent");
         }
         (Ok(kind), _) => {
-            if let Some(unlogged) = metrics.peer_violation(Peer::Agent, "unexpected_packet") {
+            if let Some(unlogged) = metrics
+                .tunnel
+                .peer_violation(Peer::Agent, "unexpected_packet")
+            {
                 tracing::warn!(
                     agent_id = %agent.agent_id,
                     packet_type = kind.as_str_name(),
@@ -118,7 +121,10 @@ pub async fn route_from_agent(
             }
         }
         (Err(_), _) => {
-            if let Some(unlogged) = metrics.peer_violation(Peer::Agent, "unknown_packet_type") {
+            if let Some(unlogged) = metrics
+                .tunnel
+                .peer_violation(Peer::Agent, "unknown_packet_type")
+            {
                 tracing::warn!(agent_id = %agent.agent_id, packet_type = packet.r#type, unlogged, "dropping a packet of unknown type")
             }
         }
@@ -136,7 +142,7 @@ async fn on_dial_response(
         match agent.take_pending(rsp.random) {
             Some(pending) => {
                 tracing::error!(err = %rsp.error, dialID = rsp.random, agentID = %agent.agent_id, dialAddress = %pending.link.destination(), "DIAL_RSP contains failure");
-                metrics.dial_failure(DialFailure::ErrorResponse);
+                metrics.dial.dial_failure(DialFailure::ErrorResponse);
                 pending.link.deliver(packet);
             }
             None => reject_unrecognized(agent, metrics, &rsp).await,
@@ -147,7 +153,7 @@ async fn on_dial_response(
         Establish::Unknown => reject_unrecognized(agent, metrics, &rsp).await,
         Establish::DuplicateConnectId(pending) => {
             tracing::warn!(agent_id = %agent.agent_id, connect_id = rsp.connect_id, "agent reused a live connect id; failing the new dial");
-            metrics.dial_failure(DialFailure::ErrorResponse);
+            metrics.dial.dial_failure(DialFailure::ErrorResponse);
             pending
                 .link
                 .deliver(dial_response_error(rsp.random, DUPLICATE_CONNECT_ID));
@@ -155,6 +161,7 @@ async fn on_dial_response(
         Establish::Established { link, started } => {
             if link.deliver(packet) == Delivery::Queued {
                 metrics
+                    .dial
                     .dial_duration
                     .observe(started.elapsed().as_secs_f64());
                 tracing::info!(
@@ -168,7 +175,7 @@ async fn on_dial_response(
                 );
             } else {
                 tracing::error!(err = "frontend gone", dialID = rsp.random, agentID = %agent.agent_id, connectionID = rsp.connect_id, "DIAL_RSP send to frontend stream failure");
-                metrics.dial_failure(DialFailure::SendRsp);
+                metrics.dial.dial_failure(DialFailure::SendRsp);
                 agent.remove_established(rsp.connect_id);
                 close_at_agent(agent, rsp.connect_id).await;
             }
@@ -177,7 +184,7 @@ async fn on_dial_response(
 }
 
 async fn reject_unrecognized(agent: &AgentSession, metrics: &Metrics, rsp: &DialResponse) {
-    metrics.dial_failure(DialFailure::UnrecognizedResponse);
+    metrics.dial.dial_failure(DialFailure::UnrecognizedResponse);
     tracing::info!(v = 2, dialID = rsp.random, agentID = %agent.agent_id, connectionID = rsp.connect_id, "DIAL_RSP not recognized; dropped");
     if rsp.connect_id != 0 {
         close_at_agent(agent, rsp.connect_id).await;
@@ -198,7 +205,10 @@ async fn on_data(
         "Received data from agent"
     );
     if connect_id == 0 {
-        if let Some(unlogged) = metrics.peer_violation(Peer::Agent, "data_without_connect_id") {
+        if let Some(unlogged) = metrics
+            .tunnel
+            .peer_violation(Peer::Agent, "data_without_connect_id")
+        {
             tracing::error!(packetType = "DATA", agentID = %agent.agent_id, unlogged, "Received packet missing ConnectID from agent");
         }
         return;
@@ -266,12 +276,12 @@ async fn close_behind(
     let dropped = link.abort();
     let (counter, error, why) = match why {
         Backlog::Overflow => (
-            &metrics.frontend_queue_overflows,
+            &metrics.frontend.queue_overflows,
             FRONTEND_QUEUE_OVERFLOW,
             "its frontend stopped reading and its queue passed the byte or stall limit",
         ),
         Backlog::Budget => (
-            &metrics.frontend_queue_budget_closes,
+            &metrics.frontend.queue_budget_closes,
             FRONTEND_QUEUE_BUDGET,
             "the server's frontend queue budget is exhausted and this frontend, holding the most unread data, is not reading",
         ),
@@ -316,7 +326,7 @@ pub async fn enforce_budget(registry: &Registry, metrics: &Metrics, budget: &Que
         let Some(dropped) = budget.abort_largest_idle() else {
             break;
         };
-        metrics.frontend_queue_budget_closes.inc();
+        metrics.frontend.queue_budget_closes.inc();
         tracing::warn!(
             dropped,
             "dropping the unread data of a closed tunnel: the server's frontend queue budget is exhausted"
@@ -354,7 +364,7 @@ pub fn teardown_agent(agent: &AgentSession, metrics: &Metrics) {
         tracing::info!(v = 2, count = established.len(), agentID = %agent.agent_id, "Close established connections to agent");
     }
     for (dial_id, dial) in pending {
-        metrics.dial_failure(DialFailure::BackendClose);
+        metrics.dial.dial_failure(DialFailure::BackendClose);
         dial.link
             .deliver(dial_response_error(dial_id, AGENT_DISCONNECTED_DURING_DIAL));
     }

@@ -49,11 +49,12 @@ impl Registry {
         for storage in &agents.storages {
             let count = storage.len() as i64;
             self.metrics
+                .backend
                 .ready_backends
                 .with_label_values(&[storage.strategy.name()])
                 .set(count);
             // Upstream lets every storage write the deprecated gauge; the last one wins.
-            self.metrics.ready_backend_connections.set(count);
+            self.metrics.backend.ready_backend_connections.set(count);
         }
     }
 
@@ -109,6 +110,7 @@ impl Registry {
         for old in &current {
             if !strategies.contains(old) {
                 self.metrics
+                    .backend
                     .ready_backends
                     .with_label_values(&[old.name()])
                     .set(0);

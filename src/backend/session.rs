@@ -162,7 +162,10 @@ impl AgentSession {
     pub fn set_suspect(&self, suspect: bool, metrics: &Metrics) -> bool {
         let changed = self.liveness.suspect.swap(suspect, Ordering::AcqRel) != suspect;
         if changed {
-            metrics.suspect_agents.add(if suspect { 1 } else { -1 });
+            metrics
+                .backend
+                .suspect_agents
+                .add(if suspect { 1 } else { -1 });
         }
         changed
     }
@@ -186,14 +189,14 @@ impl AgentSession {
         let bytes = data_len(&packet);
         match self.outbound.send(Box::new(packet)).await {
             Ok(()) => {
-                self.metrics.packet(Segment::ToAgent, kind);
+                self.metrics.tunnel.packet(Segment::ToAgent, kind);
                 if bytes > 0 {
-                    self.metrics.relayed(true, bytes);
+                    self.metrics.tunnel.relayed(true, bytes);
                 }
                 Ok(())
             }
             Err(_) => {
-                self.metrics.stream_error(
+                self.metrics.tunnel.stream_error(
                     Segment::ToAgent,
                     tonic::Code::Unavailable,
                     packet_type_name(kind),
@@ -223,7 +226,7 @@ impl AgentSession {
             },
         );
         drop(routes);
-        self.metrics.pending_backend_dials.inc();
+        self.metrics.dial.pending_backend_dials.inc();
         if self.liveness.wake_on_dial.swap(false, Ordering::AcqRel) {
             self.liveness.dial_added.notify_one();
         }
@@ -237,7 +240,7 @@ impl AgentSession {
     pub fn take_pending(&self, dial_id: i64) -> Option<PendingDial> {
         let taken = self.routes().pending.remove(&dial_id);
         if taken.is_some() {
-            self.metrics.pending_backend_dials.dec();
+            self.metrics.dial.pending_backend_dials.dec();
         }
         taken
     }
@@ -249,7 +252,7 @@ impl AgentSession {
         let Some(pending) = routes.pending.remove(&dial_id) else {
             return Establish::Unknown;
         };
-        self.metrics.pending_backend_dials.dec();
+        self.metrics.dial.pending_backend_dials.dec();
         if routes.established.contains_key(&connect_id) {
             return Establish::DuplicateConnectId(pending);
         }
@@ -261,7 +264,7 @@ impl AgentSession {
                 since: Instant::now(),
             },
         );
-        self.metrics.established_connections.inc();
+        self.metrics.tunnel.established_connections.inc();
         Establish::Established {
             link: pending.link,
             started: pending.started,
@@ -321,8 +324,9 @@ impl AgentSession {
     }
 
     fn record_closed(&self, entry: &Established) {
-        self.metrics.established_connections.dec();
+        self.metrics.tunnel.established_connections.dec();
         self.metrics
+            .tunnel
             .connection_duration
             .observe(entry.since.elapsed().as_secs_f64());
     }
@@ -337,7 +341,7 @@ impl AgentSession {
             .is_some_and(|p| Arc::ptr_eq(&p.link, link))
         {
             routes.pending.remove(&dial_id);
-            self.metrics.pending_backend_dials.dec();
+            self.metrics.dial.pending_backend_dials.dec();
             return Released::Pending(dial_id);
         }
         let connect_id = link.connect_id();
@@ -365,7 +369,10 @@ impl AgentSession {
         let pending: Vec<_> = routes.pending.drain().collect();
         let established: Vec<_> = routes.established.drain().collect();
         drop(routes);
-        self.metrics.pending_backend_dials.sub(pending.len() as i64);
+        self.metrics
+            .dial
+            .pending_backend_dials
+            .sub(pending.len() as i64);
         for (_, entry) in &established {
             self.record_closed(entry);
         }

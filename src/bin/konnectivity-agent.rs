@@ -34,7 +34,7 @@ fn start() -> ExitCode {
         &cli::LogFlags {
             v: options.v,
             vmodule: &options.vmodule,
-            log_format: &options.log_format,
+            log_format: options.log_format,
             logtostderr: options.logtostderr,
             alsologtostderr: options.alsologtostderr,
             log_file: &options.log_file,

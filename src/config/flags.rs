@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::duration::GoDuration;
 use super::goflag::{any_path, go_bool, go_float32, go_int, go_level, go_uint, level};
+use super::values::LogFormat;
 
 /// A drop-in replacement for the Konnectivity proxy-server.
 ///
@@ -252,7 +253,7 @@ pub struct Options {
     pub watch_files: bool,
     /// Where logs go: auto (journald when run by systemd, else stderr), journald, stderr.
     #[arg(long, default_value = "auto")]
-    pub log_format: String,
+    pub log_format: LogFormat,
 
     // --- klog flags: accepted for drop-in compatibility ---
     /// Log verbosity (klog levels: 0-4 info, 5 debug, 6+ trace).

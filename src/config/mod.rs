@@ -6,6 +6,8 @@ mod flags;
 pub mod goflag;
 mod layered;
 pub mod layers;
+mod validate;
+mod values;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -16,345 +18,15 @@ pub use duration::{GoDuration, ParseDurationError};
 pub use flags::Options;
 pub use layered::Layered;
 pub use layers::{CommandLine, ConfigError};
-
-/// The frontend protocol (`--mode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    Grpc,
-    HttpConnect,
-}
-
-/// How an agent is picked for a dial (`--proxy-strategies`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Strategy {
-    Default,
-    DestHost,
-    DefaultRoute,
-}
-
-impl Strategy {
-    /// The name used on the command line and in the `proxy_strategy` metric label.
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::Default => "default",
-            Strategy::DestHost => "destHost",
-            Strategy::DefaultRoute => "defaultRoute",
-        }
-    }
-}
+pub use validate::{GO_ACCEPTED_CIPHER_SUITES, MIN_FRONTEND_QUEUE_BYTES};
+pub use values::{
+    parse_labels, parse_proxy_strategies, parse_tls_version, LogFormat, Mode, Strategy, TlsVersion,
+};
 
 /// A validation failure, worded exactly as upstream words it.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
 pub struct ValidationError(pub String);
-
-/// Parses `--proxy-strategies` as upstream: comma separated, empty items skipped, names
-/// case-sensitive, duplicates kept.
-pub fn parse_proxy_strategies(text: &str) -> Result<Vec<Strategy>, String> {
-    let mut strategies = Vec::new();
-    for item in text.split(',').filter(|item| !item.is_empty()) {
-        strategies.push(match item {
-            "default" => Strategy::Default,
-            "destHost" => Strategy::DestHost,
-            "defaultRoute" => Strategy::DefaultRoute,
-            other => return Err(format!("unknown proxy strategy: {other}")),
-        });
-    }
-    if strategies.is_empty() {
-        return Err("proxy strategies cannot be empty".to_string());
-    }
-    Ok(strategies)
-}
-
-/// The TLS versions `--tls-min-version` accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum TlsVersion {
-    Tls10,
-    Tls11,
-    Tls12,
-    Tls13,
-}
-
-pub fn parse_tls_version(text: &str) -> Result<TlsVersion, String> {
-    Ok(match text {
-        "VersionTLS10" => TlsVersion::Tls10,
-        "VersionTLS11" => TlsVersion::Tls11,
-        "VersionTLS12" | "" => TlsVersion::Tls12,
-        "VersionTLS13" => TlsVersion::Tls13,
-        other => return Err(format!(
-            "unsupported TLS version {other:?}, supported values are: VersionTLS10, VersionTLS11, VersionTLS12, VersionTLS13"
-        )),
-    })
-}
-
-/// The smallest per-tunnel queue limit: one maximum-size gRPC message must fit.
-pub const MIN_FRONTEND_QUEUE_BYTES: i64 = 4 << 20;
-
-/// Cipher suite names Go's `tls.CipherSuites()` lists (the ones upstream accepts). Since Go
-/// 1.26, which upstream builds with, the `TLS_RSA_*` suites are in `InsecureCipherSuites()`
-/// instead, so upstream refuses them at validation.
-pub const GO_ACCEPTED_CIPHER_SUITES: &[&str] = &[
-    "TLS_AES_128_GCM_SHA256",
-    "TLS_AES_256_GCM_SHA384",
-    "TLS_CHACHA20_POLY1305_SHA256",
-    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA",
-    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA",
-    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA",
-    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
-    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
-    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
-    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
-    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
-    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
-];
-
-fn check_exists(path: &str, what: &str) -> Result<(), ValidationError> {
-    match std::fs::metadata(path) {
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(ValidationError(format!(
-            "error checking {what} {path}, got stat {path}: no such file or directory"
-        ))),
-        _ => Ok(()),
-    }
-}
-
-fn check_pair(key: &str, cert: &str, prefix: &str) -> Result<(), ValidationError> {
-    if !key.is_empty() {
-        check_exists(key, &format!("{prefix} key"))?;
-        if cert.is_empty() {
-            return Err(ValidationError(format!(
-                "cannot have {prefix} cert empty when {prefix} key is set to {key:?}"
-            )));
-        }
-    }
-    if !cert.is_empty() {
-        check_exists(cert, &format!("{prefix} cert"))?;
-        if key.is_empty() {
-            return Err(ValidationError(format!(
-                "cannot have {prefix} key empty when {prefix} cert is set to {cert:?}"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn check_port(port: i64, what: &str, reserved_allowed: bool) -> Result<(), ValidationError> {
-    if port > 49151 {
-        return Err(ValidationError(format!(
-            "please do not try to use ephemeral port {port} for the {what} port"
-        )));
-    }
-    if port < 1024 && !reserved_allowed {
-        return Err(ValidationError(format!(
-            "please do not try to use reserved port {port} for the {what} port"
-        )));
-    }
-    Ok(())
-}
-
-impl Options {
-    /// Upstream's `Validate()`: the same rules, messages and order; the first failure wins.
-    pub fn validate(&self) -> Result<(), ValidationError> {
-        let fail = |msg: String| Err(ValidationError(msg));
-        check_pair(&self.server_key, &self.server_cert, "server")?;
-        if !self.server_ca_cert.is_empty() {
-            check_exists(&self.server_ca_cert, "server CA cert")?;
-        }
-        check_pair(&self.cluster_key, &self.cluster_cert, "cluster")?;
-        if !self.cluster_ca_cert.is_empty() {
-            check_exists(&self.cluster_ca_cert, "cluster CA cert")?;
-        }
-        if self.mode != "grpc" && self.mode != "http-connect" {
-            return fail(format!(
-                "mode must be set to either 'grpc' or 'http-connect' not {:?}",
-                self.mode
-            ));
-        }
-        let uds = !self.uds_name.is_empty();
-        if uds {
-            if self.server_port != 0 {
-                return fail(format!(
-                    "server port should be set to 0 not {} for UDS",
-                    self.server_port
-                ));
-            }
-            for (value, name) in [
-                (&self.server_key, "server key"),
-                (&self.server_cert, "server cert"),
-                (&self.server_ca_cert, "server ca cert"),
-            ] {
-                if !value.is_empty() {
-                    return fail(format!("{name} should not be set for UDS"));
-                }
-            }
-        } else if self.server_ca_cert.is_empty() {
-            return fail("server ca cert must be set when in TCP mode (uds-name is empty)".into());
-        }
-        for (port, name) in [
-            (self.server_port, "server"),
-            (self.agent_port, "agent"),
-            (self.admin_port, "admin"),
-            (self.health_port, "health"),
-        ] {
-            check_port(port, name, false).or_else(|e| {
-                // The frontend port may be "reserved" (0) when it is not used: UDS mode.
-                if name == "server" && uds && port <= 49151 {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            })?;
-        }
-        if self.enable_contention_profiling && !self.enable_profiling {
-            return fail(
-                "if --enable-contention-profiling is set, --enable-profiling must also be set"
-                    .into(),
-            );
-        }
-        let token_auth = !self.agent_namespace.is_empty()
-            || !self.agent_service_account.is_empty()
-            || !self.authentication_audience.is_empty();
-        if token_auth {
-            if !self.cluster_ca_cert.is_empty() {
-                return fail(
-                    "--cluster-ca-cert can not be used when agent authentication is enabled".into(),
-                );
-            }
-            for (value, flag) in [
-                (&self.agent_namespace, "--agent-namespace"),
-                (&self.agent_service_account, "--agent-service-account"),
-                (&self.authentication_audience, "--authentication-audience"),
-            ] {
-                if value.is_empty() {
-                    return fail(format!(
-                        "{flag} cannot be empty when agent authentication is enabled"
-                    ));
-                }
-            }
-        }
-        if !self.kubeconfig.is_empty() && !Path::new(&self.kubeconfig).exists() {
-            return fail(format!(
-                "checking KubeconfigPath {:?}, got stat {}: no such file or directory",
-                self.kubeconfig, self.kubeconfig
-            ));
-        }
-        if self.proxy_strategies.is_empty() {
-            return fail("ProxyStrategies cannot be empty".into());
-        }
-        if let Err(err) = parse_proxy_strategies(&self.proxy_strategies) {
-            return fail(format!("invalid proxy strategies: {err}"));
-        }
-        if self.xfr_channel_size <= 0 {
-            return fail(format!(
-                "channel size {} must be greater than 0",
-                self.xfr_channel_size
-            ));
-        }
-        // The help text of the release we replace documents 0 as "no queue", so only
-        // negative values are refused here.
-        if self.frontend_write_channel_size < 0 {
-            return fail(format!(
-                "frontend write channel size {} must be greater than or equal to 0",
-                self.frontend_write_channel_size
-            ));
-        }
-        if self.frontend_queue_limit_bytes < MIN_FRONTEND_QUEUE_BYTES {
-            return fail(format!(
-                "frontend-queue-limit-bytes {} must be at least {MIN_FRONTEND_QUEUE_BYTES} (one 4 MiB message)",
-                self.frontend_queue_limit_bytes
-            ));
-        }
-        if self.frontend_queue_budget_bytes < self.frontend_queue_limit_bytes {
-            return fail(format!(
-                "frontend-queue-budget-bytes {} must be at least frontend-queue-limit-bytes ({})",
-                self.frontend_queue_budget_bytes, self.frontend_queue_limit_bytes
-            ));
-        }
-        if self.frontend_queue_stall_timeout.0 <= 0 {
-            return fail(format!(
-                "frontend-queue-stall-timeout must be > 0, got {}",
-                self.frontend_queue_stall_timeout
-            ));
-        }
-        parse_tls_version(&self.tls_min_version).map_err(ValidationError)?;
-        // `--cipher-suites=` is pflag's empty list (clap reads it as one empty item).
-        for suite in self.cipher_suites.iter().filter(|s| !s.is_empty()) {
-            if !GO_ACCEPTED_CIPHER_SUITES.contains(&suite.as_str()) {
-                return fail(format!(
-                    "cipher suite {suite} not supported, doesn't exist or considered as insecure"
-                ));
-            }
-        }
-        if self.enable_lease_controller {
-            parse_labels(&self.lease_label).map_err(ValidationError)?;
-        }
-        if !matches!(self.log_format.as_str(), "auto" | "journald" | "stderr") {
-            return fail(format!(
-                "log-format must be one of auto, journald, stderr, not {:?}",
-                self.log_format
-            ));
-        }
-        if self.graceful_shutdown_timeout.is_negative() {
-            return fail(format!(
-                "graceful-shutdown-timeout must be >= 0, got {}",
-                self.graceful_shutdown_timeout
-            ));
-        }
-        if self.startup_dial_grace.is_negative() {
-            return fail(format!(
-                "startup-dial-grace must be >= 0, got {}",
-                self.startup_dial_grace
-            ));
-        }
-        for (name, value) in [
-            ("agent-ping-interval", self.agent_ping_interval),
-            ("agent-ping-dial-wait", self.agent_ping_dial_wait),
-            ("agent-suspect-timeout", self.agent_suspect_timeout),
-            ("agent-retire-timeout", self.agent_retire_timeout),
-        ] {
-            if value.is_negative() {
-                return fail(format!("{name} must be >= 0, got {value}"));
-            }
-        }
-        if self.agent_ping_interval.0 > 0
-            && (self.agent_suspect_timeout.0 <= 0
-                || self.agent_retire_timeout.0 <= self.agent_suspect_timeout.0)
-        {
-            return fail(format!(
-                "agent-retire-timeout ({}) must be longer than agent-suspect-timeout ({}), which must be > 0",
-                self.agent_retire_timeout, self.agent_suspect_timeout
-            ));
-        }
-        if self.backend_dial_timeout.is_negative() {
-            return fail(format!(
-                "backend-dial-timeout must be >= 0, got {}",
-                self.backend_dial_timeout
-            ));
-        }
-        // Upstream parses the lease labels on every start, lease controller or not, and
-        // refuses to run when they do not parse (`--lease-label=` gives "empty string
-        // provided"); it does so after validation, so this comes last.
-        if !self.enable_lease_controller {
-            parse_labels(&self.lease_label).map_err(ValidationError)?;
-        }
-        Ok(())
-    }
-}
-
-/// Parses `k=v,k2=v2` lease labels as upstream: pairs trimmed of whitespace.
-pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
-    if text.trim().is_empty() {
-        return Err("empty string provided".into());
-    }
-    text.split(',')
-        .map(|pair| match pair.trim().split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() => {
-                Ok((k.trim().to_string(), v.trim().to_string()))
-            }
-            _ => Err(format!("invalid label format: {pair}")),
-        })
-        .collect()
-}
 
 fn non_empty(path: &str) -> Option<PathBuf> {
     (!path.is_empty()).then(|| PathBuf::from(path))
@@ -472,15 +144,6 @@ pub struct AgentLiveness {
     pub retire_after: Duration,
 }
 
-/// Where logs go (`--log-format`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    /// journald when systemd connected our output to the journal, else stderr.
-    Auto,
-    Journald,
-    Stderr,
-}
-
 /// The one place that says which settings a reload may change. Everything listed here keeps
 /// its running value on reload (with a warning naming it); every other field of [`Config`]
 /// applies on reload: certificates, keys and CAs, cipher suites, the TLS minimum version,
@@ -532,12 +195,7 @@ restart_only_settings!(
 impl Config {
     /// Validates `options` as upstream does, then builds the typed configuration.
     pub fn from_options(options: &Options) -> Result<Config, ValidationError> {
-        options.validate()?;
-        let mode = if options.mode == "grpc" {
-            Mode::Grpc
-        } else {
-            Mode::HttpConnect
-        };
+        let checked = options.check()?;
         let frontend_addr = if options.uds_name.is_empty() {
             FrontendAddr::Tcp(bind_addr(
                 &options.server_bind_address,
@@ -551,7 +209,7 @@ impl Config {
         };
         let nonzero = |d: GoDuration| (d.0 > 0).then(|| d.to_std());
         Ok(Config {
-            mode,
+            mode: checked.mode,
             frontend_addr,
             agent_addr: bind_addr(&options.agent_bind_address, options.agent_port)?,
             health_addr: bind_addr(&options.health_bind_address, options.health_port)?,
@@ -568,16 +226,14 @@ impl Config {
                 .filter(|s| !s.is_empty())
                 .cloned()
                 .collect(),
-            tls_min_version: parse_tls_version(&options.tls_min_version)
-                .map_err(ValidationError)?,
+            tls_min_version: checked.tls_min_version,
             server_id: options
                 .server_id
                 .clone()
                 .filter(|id| !id.is_empty())
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             server_count: options.server_count,
-            proxy_strategies: parse_proxy_strategies(&options.proxy_strategies)
-                .map_err(ValidationError)?,
+            proxy_strategies: checked.proxy_strategies,
             xfr_channel_size: options.xfr_channel_size as usize,
             frontend_write_channel_size: options.frontend_write_channel_size as usize,
             frontend_queue_limit_bytes: options.frontend_queue_limit_bytes as usize,
@@ -605,18 +261,10 @@ impl Config {
             kubeconfig_burst: options.kubeconfig_burst,
             enable_lease_controller: options.enable_lease_controller,
             lease_namespace: options.lease_namespace.clone(),
-            lease_labels: if options.enable_lease_controller {
-                parse_labels(&options.lease_label).map_err(ValidationError)?
-            } else {
-                BTreeMap::new()
-            },
+            lease_labels: checked.lease_labels,
             verbosity: options.v,
             vmodule: options.vmodule.clone(),
-            log_format: match options.log_format.as_str() {
-                "journald" => LogFormat::Journald,
-                "stderr" => LogFormat::Stderr,
-                _ => LogFormat::Auto,
-            },
+            log_format: options.log_format,
             watch_files: options.watch_files,
             config_file: options.config.clone(),
         })

@@ -58,7 +58,7 @@ impl DialError {
             DialError::AgentGone | DialError::SendFailed => DialFailure::BackendClose,
             DialError::SendTimedOut => DialFailure::BackendDialTimeout,
         };
-        metrics.dial_failure(failure);
+        metrics.dial.dial_failure(failure);
     }
 }
 
@@ -217,14 +217,14 @@ async fn wait_for_agent(shared: &Shared, address: &str) -> Option<Arc<AgentSessi
         limit = limit.min(timeout);
     }
     tracing::debug!(%address, ?limit, "no agent yet: waiting for one (startup grace)");
-    let waiting = &shared.metrics.dials_waiting_for_agent;
+    let waiting = &shared.metrics.dial.dials_waiting_for_agent;
     waiting.inc();
     let agent = tokio::select! {
         agent = shared.registry.pick_within(address, limit) => agent,
         _ = shared.hard_stop.cancelled() => None,
     };
     waiting.dec();
-    shared.metrics.startup_wait(agent.is_some());
+    shared.metrics.dial.startup_wait(agent.is_some());
     agent
 }
 
@@ -280,14 +280,14 @@ impl Dial {
             _ => return Wake::Nothing,
         };
         let Some(other) = shared.registry.pick_instead_of(address, &self.agent) else {
-            metrics.dial_retry("no_other_agent");
+            metrics.dial.dial_retry("no_other_agent");
             return Wake::Nothing;
         };
         if self.agent.take_pending(self.id).is_none() {
             return Wake::Nothing;
         }
         if other.add_pending(self.id, self.link.clone()).is_err() {
-            metrics.dial_retry("failed");
+            metrics.dial.dial_retry("failed");
             // Back where it was, if that agent is still there.
             return match self.agent.add_pending(self.id, self.link.clone()) {
                 Ok(()) => Wake::Nothing,
@@ -306,11 +306,11 @@ impl Dial {
         let timeout = shared.snapshot().config.backend_dial_timeout;
         if let Err(e) = send_within(&other, *request, timeout).await {
             if other.take_pending(self.id).is_some() {
-                metrics.dial_retry("failed");
+                metrics.dial.dial_retry("failed");
                 return Wake::Failed(e);
             }
         }
-        metrics.dial_retry("sent");
+        metrics.dial.dial_retry("sent");
         self.agent = other;
         Wake::SentAgain
     }
@@ -321,7 +321,9 @@ impl Dial {
         self.deadline = None;
         let expired = self.agent.take_pending(self.id).is_some();
         if expired {
-            self.metrics.dial_failure(DialFailure::BackendDialTimeout);
+            self.metrics
+                .dial
+                .dial_failure(DialFailure::BackendDialTimeout);
             tracing::info!(agentID = %self.agent.agent_id, dialID = self.id, "dial timed out waiting for the agent");
         }
         expired
@@ -331,7 +333,7 @@ impl Dial {
     /// Returns whether the dial was still pending.
     pub fn cancel(&mut self, dial_id: i64) -> bool {
         if dial_id == self.id && self.agent.take_pending(dial_id).is_some() {
-            self.metrics.dial_failure(DialFailure::FrontendClose);
+            self.metrics.dial.dial_failure(DialFailure::FrontendClose);
             self.deadline = None;
             return true;
         }
@@ -345,7 +347,7 @@ impl Dial {
         let released = self.agent.release(&self.link, self.id);
         match released {
             Released::Pending(dial_id) => {
-                self.metrics.dial_failure(DialFailure::FrontendClose);
+                self.metrics.dial.dial_failure(DialFailure::FrontendClose);
                 send_to_agent_bounded(&self.agent, dial_close(dial_id)).await
             }
             Released::Established(connect_id) => close_at_agent(&self.agent, connect_id).await,

@@ -89,7 +89,10 @@ struct GrpcTunnel {
 impl GrpcTunnel {
     async fn serve(mut self, mut inbound: Streaming<Packet>) {
         let metrics = self.shared.metrics.clone();
-        let gauge = metrics.grpc_connections.with_label_values(&["Proxy"]);
+        let gauge = metrics
+            .frontend
+            .grpc_connections
+            .with_label_values(&["Proxy"]);
         gauge.inc();
         let hard_stop = self.shared.hard_stop.clone();
         let ended = loop {
@@ -100,7 +103,7 @@ impl GrpcTunnel {
                 _ = sleep_until_opt(wake_at) => Box::pin(self.on_dial_wake()).await,
                 message = inbound.message() => match message {
                     Ok(Some(packet)) => {
-                        metrics.packet(Segment::FromClient, packet.r#type);
+                        metrics.tunnel.packet(Segment::FromClient, packet.r#type);
                         if !self.stopped {
                             // Boxed, as `release` below: a packet's handling (a dial, a send
                             // to the agent) is short, and inline its state would stay in this
@@ -115,7 +118,7 @@ impl GrpcTunnel {
                     }
                     Err(status) => {
                         let code = stream_error_code(&status);
-                        metrics.stream_error(Segment::FromClient, code, "Unknown");
+                        metrics.tunnel.stream_error(Segment::FromClient, code, "Unknown");
                         if code == tonic::Code::Cancelled {
                             tracing::info!(v = 2, userAgent = %self.user_agent, "Stream read from frontend cancelled");
                             break "client canceled";
@@ -138,7 +141,10 @@ impl GrpcTunnel {
 
     /// Counts a protocol violation by this frontend; `Some` when it may be logged.
     fn violation(&self, kind: &'static str) -> Option<u64> {
-        self.shared.metrics.peer_violation(Peer::Frontend, kind)
+        self.shared
+            .metrics
+            .tunnel
+            .peer_violation(Peer::Frontend, kind)
     }
 
     fn reply(&self, packet: Packet) {

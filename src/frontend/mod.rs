@@ -3,6 +3,7 @@
 pub mod dial;
 pub mod grpc;
 pub mod http_connect;
+mod http_head;
 
 use tokio::time::Instant;
 

@@ -1,9 +1,10 @@
 //! Agent token authentication: every agent stream's `authorization: Bearer <token>` is checked
 //! with a TokenReview, with upstream's rules and messages.
 //!
-//! Beyond upstream (its issue #237): successful reviews are cached for a bounded time, never
-//! past the token's own expiry, keyed by a hash of token and audience; failures are never
-//! cached; the namespace and service account are checked again on every use.
+//! Beyond upstream (a TokenReview per stream loads the API server when agents reconnect
+//! together): successful reviews are cached for a bounded time, never past the token's own
+//! expiry, keyed by a hash of token and audience; failures are never cached; the namespace
+//! and service account are checked again on every use.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -170,7 +171,7 @@ impl TokenAuthenticator {
         let reviewed = Api::<TokenReview>::all(client)
             .create(&PostParams::default(), &review)
             .await;
-        metrics.token_review(reviewed.is_ok());
+        metrics.kubernetes.token_review(reviewed.is_ok());
         let status = reviewed
             .map_err(|e| format!("Failed to authenticate request. err:{e}"))?
             .status
@@ -197,7 +198,7 @@ impl TokenAuthenticator {
         let token = bearer_token(metadata)?;
         let key = cache_key(&token, &expected.audience);
         if let Some(username) = self.cached_username(&key) {
-            metrics.token_review_cache_hit();
+            metrics.kubernetes.token_review_cache_hit();
             return check_username(&username, expected).map_err(wrap);
         }
         let username = self

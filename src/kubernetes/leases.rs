@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use tokio_util::sync::CancellationToken;
 
 use super::{error_status, Kube};
-use crate::metrics::Metrics;
+use crate::metrics::{LeaseCall, Metrics};
 
 pub const LEASE_DURATION: Duration = Duration::from_secs(30);
 pub const RENEW_INTERVAL: Duration = Duration::from_secs(15);
@@ -121,7 +121,8 @@ impl LeaseController {
             Err(e) => error_status(e),
         };
         self.metrics
-            .lease_call("list", &code, &reason, started.elapsed());
+            .kubernetes
+            .lease_call(LeaseCall::List, &code, &reason, started.elapsed());
         let leases = listed.map_err(|e| e.to_string())?;
         let now = jiff::Timestamp::now();
         let mut culled = 0;
@@ -143,12 +144,16 @@ impl LeaseController {
                 Ok(_) => ("200".to_string(), String::new()),
                 Err(e) => error_status(e),
             };
-            self.metrics
-                .lease_call("delete", &code, &reason, started.elapsed());
+            self.metrics.kubernetes.lease_call(
+                LeaseCall::Delete,
+                &code,
+                &reason,
+                started.elapsed(),
+            );
             match deleted {
                 Ok(_) => {
                     culled += 1;
-                    self.metrics.culled_leases_count.inc();
+                    self.metrics.kubernetes.culled_leases_count.inc();
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
                 Err(e) => {

@@ -93,13 +93,13 @@ impl Reloader {
                     trigger,
                     "configuration reloaded"
                 );
-                self.shared.metrics.reload(true);
+                self.shared.metrics.runtime.reload(true);
                 systemd::ready(&self.shared.status_line());
                 ReloadOutcome::Applied { generation, kept }
             }
             Err(cause) => {
                 tracing::error!(trigger, cause = %cause, "RELOAD FAILED: keeping the running configuration");
-                self.shared.metrics.reload(false);
+                self.shared.metrics.runtime.reload(false);
                 systemd::reload_failed(&cause);
                 ReloadOutcome::Failed(cause)
             }

@@ -188,7 +188,7 @@ impl QueueState {
             .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
         {
             Ok(_) => {
-                self.metrics.full_frontend_write_queues.inc();
+                self.metrics.frontend.full_write_queues.inc();
                 now
             }
             Err(since) => since,
@@ -197,7 +197,7 @@ impl QueueState {
 
     fn clear_full(&self) {
         if self.full_since.swap(0, Ordering::AcqRel) != 0 {
-            self.metrics.full_frontend_write_queues.dec();
+            self.metrics.frontend.full_write_queues.dec();
         }
     }
 
@@ -217,7 +217,7 @@ impl QueueState {
                 self.budget.holding().insert(self.uid, Arc::downgrade(self));
             }
             self.budget.used.fetch_add(bytes, Ordering::AcqRel);
-            self.metrics.frontend_queued_bytes.add(bytes as i64);
+            self.metrics.frontend.queued_bytes.add(bytes as i64);
         }
         before + bytes
     }
@@ -233,7 +233,7 @@ impl QueueState {
             self.budget.holding().remove(&self.uid);
         }
         self.budget.used.fetch_sub(bytes, Ordering::AcqRel);
-        self.metrics.frontend_queued_bytes.sub(bytes as i64);
+        self.metrics.frontend.queued_bytes.sub(bytes as i64);
     }
 
     /// The frontend took a packet: a queue back within its length is no longer full, and a
@@ -283,7 +283,7 @@ impl Drop for QueueState {
         let left: usize = self.slots().packets.iter().map(data_len).sum();
         self.sub_bytes(left);
         if *self.full_since.get_mut() != 0 {
-            self.metrics.full_frontend_write_queues.dec();
+            self.metrics.frontend.full_write_queues.dec();
         }
     }
 }
@@ -426,7 +426,7 @@ impl FrontendLink {
 
     async fn wait_for_room(&self) {
         let state = &self.state;
-        state.metrics.blocked_frontend_write_channels.inc();
+        state.metrics.frontend.blocked_write_channels.inc();
         loop {
             let notified = state.room.notified();
             tokio::pin!(notified);
@@ -443,7 +443,7 @@ impl FrontendLink {
                 _ = tokio::time::sleep(PROGRESS_WINDOW - since) => {}
             }
         }
-        state.metrics.blocked_frontend_write_channels.dec();
+        state.metrics.frontend.blocked_write_channels.dec();
     }
 
     /// Queues a packet without waiting. DATA counts against the limits; control packets
@@ -476,10 +476,11 @@ impl FrontendLink {
         state.waker.wake();
         state
             .metrics
-            .frontend_write_duration
+            .frontend
+            .write_duration
             .observe(started.elapsed().as_secs_f64());
         if bytes > 0 {
-            state.metrics.relayed(false, bytes);
+            state.metrics.tunnel.relayed(false, bytes);
         }
         Delivery::Queued
     }
@@ -546,7 +547,10 @@ impl FrontendQueue {
             .taken_bytes
             .fetch_add(bytes as u64, Ordering::Relaxed);
         if self.state.client_segment.load(Ordering::Relaxed) {
-            self.state.metrics.packet(Segment::ToClient, packet.r#type);
+            self.state
+                .metrics
+                .tunnel
+                .packet(Segment::ToClient, packet.r#type);
         }
     }
 

@@ -44,7 +44,7 @@ async fn a_reading_frontend_holds_the_agent_until_there_is_room() {
         link.state.bytes.load(Ordering::Acquire) <= 100,
         "returned only once under the limit"
     );
-    assert_eq!(metrics.blocked_frontend_write_channels.get(), 0);
+    assert_eq!(metrics.frontend.blocked_write_channels.get(), 0);
     let _queue = reader.await.unwrap();
 }
 
@@ -66,7 +66,7 @@ async fn a_stopped_frontend_does_not_hold_the_agent() {
         .await
         .expect("not held");
     assert!(link.state.since_progress() >= PROGRESS_WINDOW);
-    assert_eq!(metrics.blocked_frontend_write_channels.get(), 0);
+    assert_eq!(metrics.frontend.blocked_write_channels.get(), 0);
     // And the hard cap still closes it.
     let mut overflowed = false;
     for _ in 0..20 {
@@ -90,7 +90,7 @@ fn a_queue_within_its_length_is_never_full() {
             "bytes only count once full"
         );
     }
-    assert_eq!(metrics.full_frontend_write_queues.get(), 0);
+    assert_eq!(metrics.frontend.full_write_queues.get(), 0);
 }
 
 #[test]
@@ -103,7 +103,7 @@ fn a_full_queue_overflows_past_its_byte_limit_and_recovers_when_drained() {
     );
     assert_eq!(link.deliver(data(100)), Delivery::Queued);
     assert_eq!(link.deliver(data(100)), Delivery::Queued);
-    assert_eq!(metrics.full_frontend_write_queues.get(), 1);
+    assert_eq!(metrics.frontend.full_write_queues.get(), 1);
     assert_eq!(link.deliver(data(100)), Delivery::Overflow);
     // Control packets still pass, so the close reaches the frontend.
     assert_eq!(link.deliver(close_response(1, "x")), Delivery::Queued);
@@ -115,12 +115,12 @@ fn a_full_queue_overflows_past_its_byte_limit_and_recovers_when_drained() {
         queue.recv().await.unwrap();
     });
     assert_eq!(
-        metrics.full_frontend_write_queues.get(),
+        metrics.frontend.full_write_queues.get(),
         0,
         "drained back within its length"
     );
     drop((link, queue));
-    assert_eq!(metrics.full_frontend_write_queues.get(), 0);
+    assert_eq!(metrics.frontend.full_write_queues.get(), 0);
 }
 
 #[test]
@@ -138,7 +138,7 @@ fn a_full_queue_without_progress_is_stalled() {
     drop(queue);
     drop(link);
     assert_eq!(
-        metrics.full_frontend_write_queues.get(),
+        metrics.frontend.full_write_queues.get(),
         0,
         "the gauge returns to zero"
     );
@@ -155,7 +155,7 @@ fn the_budget_counts_every_queue_and_empties_the_largest_idle_one() {
     assert_eq!(large.deliver(data(500)), Delivery::Queued);
     assert_eq!(large.deliver(data(500)), Delivery::Queued);
     assert_eq!(budget.used(), 1300);
-    assert_eq!(metrics.frontend_queued_bytes.get(), 1300);
+    assert_eq!(metrics.frontend.queued_bytes.get(), 1300);
     assert!(budget.is_over());
     assert_eq!(
         budget.fair_share(),
@@ -219,7 +219,7 @@ fn a_frontend_that_goes_away_gives_its_bytes_back_at_once() {
     assert_eq!(budget.used(), 4000);
     drop(queue);
     assert_eq!(budget.used(), 0, "freed while the link is still held");
-    assert_eq!(metrics.frontend_queued_bytes.get(), 0);
+    assert_eq!(metrics.frontend.queued_bytes.get(), 0);
     assert_eq!(link.deliver(data(10)), Delivery::Gone);
     assert!(budget.holding().is_empty());
     drop(link);

@@ -245,8 +245,8 @@ impl Harness {
     pub fn gauges(&self) -> (i64, i64) {
         let m = self.metrics();
         (
-            m.pending_backend_dials.get(),
-            m.established_connections.get(),
+            m.dial.pending_backend_dials.get(),
+            m.tunnel.established_connections.get(),
         )
     }
 
@@ -261,7 +261,7 @@ impl Harness {
     }
 
     fn grpc_streams(&self) -> (i64, i64) {
-        let g = &self.metrics().grpc_connections;
+        let g = &self.metrics().frontend.grpc_connections;
         (
             g.with_label_values(&["Proxy"]).get(),
             g.with_label_values(&["Connect"]).get(),
@@ -476,12 +476,15 @@ impl Stopped {
         let m = &self.shared.metrics;
         eventually(
             "gauges to return to 0 after shutdown",
-            || m.pending_backend_dials.get() == 0 && m.established_connections.get() == 0,
+            || {
+                m.dial.pending_backend_dials.get() == 0
+                    && m.tunnel.established_connections.get() == 0
+            },
             || {
                 format!(
                     "pending {} established {}",
-                    m.pending_backend_dials.get(),
-                    m.established_connections.get()
+                    m.dial.pending_backend_dials.get(),
+                    m.tunnel.established_connections.get()
                 )
             },
         )

@@ -32,7 +32,7 @@ func clientCertScenarios() []scenarioX {
 }
 
 // metadataCases: how an agent's Connect metadata can be malformed. want is the exact gRPC
-// status message tests/tunnel.rs expects from ours (misbehaving_agent_*); the same table is
+// status message tests/tunnel/misbehaving.rs expects from ours (misbehaving_agent_*); the same table is
 // asserted against the upstream binary, and the upstream run also diffs every code and
 // message against ours' (metadataSeen).
 var metadataCases = []struct {

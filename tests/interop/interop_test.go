@@ -524,7 +524,7 @@ func scDuplicateAgentID(t *testing.T, e *env) {
 	defer cancel()
 	// Both servers route an agent id to its oldest stream: every dial lands on x1 while it
 	// lives, x2 is a standby (so the two streams' connection ids never overlap here; the
-	// per-stream routes that keep overlapping ids apart are tested in tests/tunnel.rs,
+	// per-stream routes that keep overlapping ids apart are tested in tests/tunnel/misbehaving.rs,
 	// misbehaving_agent_same_agent_id_streams_cannot_touch_each_others_connections, where
 	// the test agent picks the ids).
 	for i := 0; i < 6; i++ {

@@ -1,6 +1,6 @@
 package interop
 
-// Stretch of issue 8: a real kube-apiserver configured with an EgressSelectorConfiguration
+// The whole path through Kubernetes: a real kube-apiserver configured with an EgressSelectorConfiguration
 // (cluster egress to the proxy-server's UDS, GRPC or HTTPConnect) proxies a
 // `pods/<name>:<port>/proxy/...` request through the proxy-server and the upstream agent
 // to a test HTTP server. The API server refuses to proxy to loopback addresses

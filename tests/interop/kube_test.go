@@ -1,6 +1,6 @@
 package interop
 
-// Issue 8 against a REAL kube-apiserver + etcd (tests/kube/start.sh): agent token
+// The Kubernetes-facing features against a REAL kube-apiserver + etcd (tests/kube/start.sh): agent token
 // authentication (TokenReview) with upstream's messages, the TokenReview cache (ours only),
 // the lease controller, two servers behind haproxy with a lease-counting upstream agent, and
 // (metrics_test.go) the HELP/TYPE parity of every konnectivity_* family plus promtool.

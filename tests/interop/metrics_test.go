@@ -1,6 +1,6 @@
 package interop
 
-// Metrics parity (issue 8): ours and the upstream Go server are started in the same state
+// Metrics parity, so dashboards and alerts built on upstream keep working: ours and the upstream Go server are started in the same state
 // (token authentication, lease controller, the same upstream agent flags, the same traffic:
 // two tunnels and one failed dial, one expired lease culled) and the HELP and TYPE lines of
 // every konnectivity_* family on each health port's /metrics are diffed. Only our documented
