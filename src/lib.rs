@@ -57,10 +57,36 @@ pub mod testing {
 
 #[cfg(test)]
 mod build_tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    /// The patched crates, from `vendor/patches/<crate>-<version>.patch` (the names that
+    /// `vendor/rebuild.sh` reads too).
+    fn vendored() -> BTreeMap<String, String> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("vendor/patches");
+        let mut found = BTreeMap::new();
+        for entry in std::fs::read_dir(&dir).expect("vendor/patches") {
+            let file = entry.expect("a directory entry").file_name();
+            let file = file.to_str().expect("a UTF-8 file name");
+            let Some(stem) = file.strip_suffix(".patch") else {
+                continue;
+            };
+            // The version starts at the first "-<digit>", as in vendor/rebuild.sh.
+            let at = stem
+                .match_indices('-')
+                .map(|(i, _)| i)
+                .find(|&i| stem[i + 1..].starts_with(|c: char| c.is_ascii_digit()))
+                .unwrap_or_else(|| panic!("{file} is not <crate>-<version>.patch"));
+            let previous = found.insert(stem[..at].to_owned(), stem[at + 1..].to_owned());
+            assert!(previous.is_none(), "two patches for {}", &stem[..at]);
+        }
+        found
+    }
+
     /// The idle-connection memory figures in `benches/RESULTS.md` depend on the patched crates
     /// in `vendor/`. If one is updated in `Cargo.lock` without moving its patch along, cargo
     /// only warns that the patch went unused and builds the registry's copy: fail here instead.
-    fn assert_vendored(name: &str, manifest: &str) {
+    fn assert_vendored(name: &str, version: &str) {
         let lock = include_str!("../Cargo.lock");
         let entry = lock
             .split("[[package]]")
@@ -70,16 +96,31 @@ mod build_tests {
             !entry.contains("source = "),
             "{name} comes from a registry, not from vendor/{name} (see vendor/README.md):\n{entry}"
         );
-        let version = entry
-            .lines()
-            .find(|l| l.starts_with("version = "))
-            .expect("a version");
-        assert!(manifest.contains(version), "vendor/{name} is not {version}");
+        let line = format!("\nversion = \"{version}\"\n");
+        assert!(
+            entry.contains(&line),
+            "Cargo.lock builds {name} at another version than vendor/patches/{name}-{version}.patch:\n{entry}"
+        );
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("vendor/{name}/Cargo.toml"));
+        let manifest = std::fs::read_to_string(&manifest).expect("the vendored manifest");
+        assert!(
+            manifest.contains(&line),
+            "vendor/{name} is not {name} {version}"
+        );
     }
 
     #[test]
     fn the_patched_h2_and_rustls_are_the_ones_built() {
-        assert_vendored("h2", include_str!("../vendor/h2/Cargo.toml"));
-        assert_vendored("rustls", include_str!("../vendor/rustls/Cargo.toml"));
+        let vendored = vendored();
+        for name in ["h2", "rustls"] {
+            assert!(
+                vendored.contains_key(name),
+                "no vendor/patches/{name}-<version>.patch"
+            );
+        }
+        for (name, version) in &vendored {
+            assert_vendored(name, version);
+        }
     }
 }

@@ -172,6 +172,9 @@ where
             }
         }
 
+        // konnectivity-server patch: everything buffered is written by now, so the write
+        // buffer can go back to the allocator before the connection goes idle. Without this
+        // call the buffer allocated for the first frame would stay for the connection's life.
         self.encoder.release_if_drained();
 
         tracing::trace!("flushing buffer");
@@ -228,6 +231,9 @@ where
     fn buffer(&mut self, item: Frame<B>) -> Result<(), UserError> {
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
+        // konnectivity-server patch: the buffer starts unallocated and is released when it
+        // drains; give it its usual capacity here, once, rather than letting the encoders grow
+        // it a few bytes at a time.
         if self.buf.get_ref().capacity() == 0 {
             self.buf.get_mut().reserve(DEFAULT_BUFFER_CAPACITY);
         }
@@ -315,8 +321,9 @@ where
     }
 
     fn has_capacity(&self) -> bool {
-        // An unallocated buffer (released after it drained) has the full default capacity
-        // as soon as `buffer` needs it.
+        // konnectivity-server patch: an unallocated buffer (never used, or released after it
+        // drained) has the full default capacity as soon as `buffer` needs it. Counting it as
+        // zero bytes of room would report "no capacity" forever and writes would stall.
         self.next.is_none()
             && (self.buf.get_ref().capacity() == 0
                 || self.buf.get_ref().capacity() - self.buf.get_ref().len()
