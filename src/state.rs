@@ -137,6 +137,10 @@ impl Shared {
         metrics: Arc<Metrics>,
         authenticator: Option<TokenAuthenticator>,
     ) -> Shared {
+        metrics
+            .runtime
+            .server_count
+            .set(snapshot.config.server_count);
         Shared {
             registry: Registry::new(&snapshot.config.proxy_strategies, metrics.clone()),
             budget: Arc::new(QueueBudget::new(
@@ -164,6 +168,10 @@ impl Shared {
             .set_strategies(&snapshot.config.proxy_strategies);
         self.budget
             .set_limit(snapshot.config.frontend_queue_budget_bytes);
+        self.metrics
+            .runtime
+            .server_count
+            .set(snapshot.config.server_count);
         self.snapshot.store(Arc::new(snapshot));
     }
 

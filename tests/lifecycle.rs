@@ -310,6 +310,19 @@ fn notify_sequence_for_start_reload_failed_reload_and_stop() {
     let ready = assert_reload_pair(&server);
     assert!(ready.contains("STATUS=serving"), "{ready:?}");
 
+    // The announced server count follows the configuration (1 by default, then 3).
+    let count = |server: &Server| {
+        metric(
+            &server.metrics(),
+            "konnectivity_network_proxy_server_server_count",
+        )
+    };
+    assert_eq!(count(&server), 1.0);
+    let good = std::fs::read_to_string(&server.config).unwrap();
+    std::fs::write(&server.config, format!("{good}\nserver_count = 3\n")).unwrap();
+    server.signal("HUP");
+    assert!(assert_reload_pair(&server).contains("STATUS=serving"));
+    assert_eq!(count(&server), 3.0);
     let good = std::fs::read_to_string(&server.config).unwrap();
     std::fs::write(&server.config, format!("{good}\nagnet_port = 1\n")).unwrap();
     server.signal("HUP");
@@ -329,7 +342,7 @@ fn notify_sequence_for_start_reload_failed_reload_and_stop() {
     assert!(assert_reload_pair(&server).contains("STATUS=serving"));
     let metrics = server.metrics();
     assert!(
-        metrics.contains("konnectivity_network_proxy_server_reloads_total{result=\"success\"} 2"),
+        metrics.contains("konnectivity_network_proxy_server_reloads_total{result=\"success\"} 3"),
         "{metrics}"
     );
     assert!(

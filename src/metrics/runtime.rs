@@ -13,6 +13,8 @@ pub struct RuntimeMetrics {
     pub build_info: Gauge,
     /// Beyond upstream: the allocator's view of memory, read at each scrape.
     allocator_bytes: [IntGauge; 3],
+    /// Beyond upstream: the server count this server announces to agents now.
+    pub server_count: IntGauge,
 }
 
 impl RuntimeMetrics {
@@ -48,6 +50,10 @@ impl RuntimeMetrics {
                 ),
             ]
             .map(|(name, help)| f.gauge(name, help)),
+            server_count: f.gauge(
+                "server_count",
+                "The number of proxy servers this server tells connecting agents there are (--server-count; a reload changes it).",
+            ),
         };
         metrics.build_info.set(1.0);
         metrics
