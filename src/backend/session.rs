@@ -380,6 +380,14 @@ impl AgentSession {
     }
 
     /// (pending, established) counts, for the admin view and tests.
+    /// How busy this agent is, to choose between two: its tunnels and pending dials, plus the
+    /// packets waiting to be written to it (a congested agent link fills that queue first).
+    pub fn load(&self) -> usize {
+        let (pending, established) = self.counts();
+        let queued = self.outbound.max_capacity() - self.outbound.capacity();
+        pending + established + queued
+    }
+
     pub fn counts(&self) -> (usize, usize) {
         let routes = self.routes();
         (routes.pending.len(), routes.established.len())

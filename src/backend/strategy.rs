@@ -100,30 +100,56 @@ impl Storage {
         }
     }
 
-    /// A random starting key, then the first agent neither draining nor suspect; a draining
-    /// or suspect one only when every agent is (and never for a second try).
+    /// The less loaded of two agents picked at random (the "power of two choices"): a hot
+    /// agent stops taking most new tunnels while others idle, and no agent is chosen by
+    /// scanning them all. Each of the two is the first agent neither draining nor suspect
+    /// from a random starting key; a draining or suspect one only when every agent is (and
+    /// never for a second try).
     fn pick_random(&self, instead_of: Option<&AgentSession>) -> Option<Arc<AgentSession>> {
         if self.keys.is_empty() {
             return None;
         }
-        let start = fastrand::usize(..self.keys.len());
+        match self.scan(fastrand::usize(..self.keys.len()), instead_of, None) {
+            Scan::Usable(first) => {
+                let start = fastrand::usize(..self.keys.len());
+                match self.scan(start, instead_of, Some(&first)) {
+                    Scan::Usable(second) if second.load() < first.load() => Some(second),
+                    _ => Some(first),
+                }
+            }
+            Scan::OnlyAvoided(agent) if instead_of.is_none() => Some(agent),
+            Scan::OnlyAvoided(_) | Scan::Nothing => None,
+        }
+    }
+
+    /// From key `start` on, the first agent that is neither `instead_of` nor `other` and is
+    /// not avoided; else the first avoided one met.
+    fn scan(
+        &self,
+        start: usize,
+        instead_of: Option<&AgentSession>,
+        other: Option<&AgentSession>,
+    ) -> Scan {
         let mut first_avoided = None;
         for i in 0..self.keys.len() {
             let key = &self.keys[(start + i) % self.keys.len()];
             let Some(agent) = self.agents.get(key).and_then(|l| l.first()) else {
                 continue;
             };
-            if is(agent, instead_of) {
+            if is(agent, instead_of) || is(agent, other) {
                 continue;
             }
             if !agent.is_avoided() {
-                return Some(agent.clone());
+                return Scan::Usable(agent.clone());
             }
             first_avoided.get_or_insert_with(|| agent.clone());
         }
-        if instead_of.is_some() {
-            return None;
-        }
-        first_avoided
+        first_avoided.map_or(Scan::Nothing, Scan::OnlyAvoided)
     }
+}
+
+enum Scan {
+    Usable(Arc<AgentSession>),
+    OnlyAvoided(Arc<AgentSession>),
+    Nothing,
 }
