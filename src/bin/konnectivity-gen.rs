@@ -362,6 +362,14 @@ fn block(r: &mut Roff, text: &[&str], keys: &[&str]) {
     let mut words: Vec<Inline> = Vec::new();
     let mut verbatim = false;
     for line in text {
+        // An empty comment line ("#") separates paragraphs.
+        if line.is_empty() {
+            if !words.is_empty() {
+                r.text(std::mem::take(&mut words));
+            }
+            r.control("PP", []);
+            continue;
+        }
         let indented = line.starts_with("  ");
         if indented != verbatim {
             if !words.is_empty() {
