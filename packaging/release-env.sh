@@ -3,8 +3,7 @@
 # --remap-path-prefix for every absolute build-machine path that rustc would otherwise embed in
 # the binaries (panic locations of the cargo registry's crates, of the vendored crates and of
 # the generated protobuf code; rust-src's copy of the standard library): the packages must
-# not carry the builder's home, checkout or toolchain paths, and the same sources must give the
-# same binary wherever they are built.
+# not carry the builder's home, checkout or toolchain paths.
 #
 # All release builds must use exactly these flags: rustflags are part of every artifact's
 # fingerprint, so a build with other flags would rebuild everything (CI builds release once).
