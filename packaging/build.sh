@@ -126,7 +126,9 @@ if [[ $NO_BUILD -eq 0 ]]; then
   T=$(now)
   # The same command as CI's (.ci/run), so either one leaves nothing for the other to build.
   log "cargo build --release --bins (target dir $TARGET_DIR)"
-  CARGO_TARGET_DIR="$TARGET_DIR" cargo build --release --bins >&2
+  # The flags every release build uses (--remap-path-prefix): CI's, benches/run's and this.
+  # shellcheck source=packaging/release-env.sh
+  (export CARGO_TARGET_DIR="$TARGET_DIR"; . "$ROOT/packaging/release-env.sh" && cargo build --release --bins >&2)
   log "release build done ($(since "$T"))"
 fi
 # Both packagers read <target-dir>/release/<binary>. Stage stripped copies there
@@ -143,6 +145,34 @@ for pkg in "${PACKAGES[@]}"; do
 done
 
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null || date +%s)}"
+
+# --- generated assets (target/packaging-generated/, crate-relative like the scripts) ---------
+# Man pages and completions from konnectivity-gen (built by `cargo build --release --bins`
+# beside the programs; with --binary, the one next to that binary), the DEP-5 copyright, the
+# Debian changelog. The Cargo.toml asset lists point here.
+T=$(now)
+GEN="$ROOT/target/packaging-generated"
+rm -rf "$GEN"; mkdir -p "$GEN"
+GEN_BIN="$TARGET_DIR/release/konnectivity-gen"
+for b in "${BINARY[@]}"; do
+  [[ -n "$b" && -x "$(dirname "$b")/konnectivity-gen" ]] && GEN_BIN="$(dirname "$b")/konnectivity-gen"
+done
+[[ -x "$GEN_BIN" ]] || { log "no $GEN_BIN (cargo build --release --bins builds it)"; exit 1; }
+"$GEN_BIN" "$GEN"
+# Debian policy: man pages gzip -9, no name or time stamp (reproducible).
+gzip -9n "$GEN"/man/*
+"$ROOT/packaging/copyright.sh" >"$GEN/copyright"
+MAINTAINER="$(sed -n 's/^maintainer *= *"\(.*\)"/\1/p' Cargo.toml | head -n1)"
+# One entry: this packaging of the version; the upstream changes are CHANGELOG.md, shipped as
+# changelog.gz beside it.
+cat >"$GEN/changelog.Debian" <<CHANGELOG
+konnectivity-server ($DEB_VERSION) unstable; urgency=medium
+
+  * Package konnectivity-server $VERSION (the programs' changes: changelog.gz).
+
+ -- $MAINTAINER  $(LC_ALL=C date -u -R -d "@$SOURCE_DATE_EPOCH")
+CHANGELOG
+log "generated man pages, completions, copyright, changelog ($(since "$T")): $(find "$GEN" -type f | wc -l) files"
 
 # --- packages: the two packages side by side (xz/zstd compress on one core each) ------------
 build_deb() { # <package>

@@ -8,9 +8,19 @@
 # konnectivity-server-<ver>-1.<arch>.rpm, konnectivity-agent-<ver>-1.<arch>.rpm. Each file's
 # package (server or agent) is read from the file itself; "-" is skipped.
 # Fails (exit 1) if a required file, mode, owner, conffile / %config(noreplace) flag or
-# maintainer script is missing, or if the agent's unit scores differently from the server's in
-# `systemd-analyze security`. The rpms are only inspected (no RPM-based system runs here).
+# maintainer script is missing; if `systemd-analyze verify` finds anything in a unit (the
+# socket unit included); if a unit's exposure score in `systemd-analyze security` is above
+# MAX_EXPOSURE below, or the agent's differs from the server's; if a packaged binary contains
+# a build-machine path (cargo registry, checkout, toolchain); if lintian --pedantic reports
+# anything not overridden (packaging/lintian/<package>, shipped); or if rpmlint reports
+# anything not filtered (packaging/rpmlint.toml). The rpms are only inspected and linted (no
+# RPM-based system runs here).
 set -euo pipefail
+
+# The hardening baseline: `systemd-analyze security --offline=yes` of both packaged units on
+# systemd 252 scores 1.2 today (packaging/README.md, "Hardening score"). A higher score is a
+# regression: a hardening line lost or weakened. Lower it when the units get stricter.
+MAX_EXPOSURE=1.2
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VERSION="$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n1)"
@@ -59,10 +69,37 @@ expect() { # <package>
       ) ;;
     *) bad "unknown package '$1'"; return 1 ;;
   esac
-  REQUIRED+=("$doc/README.md -rw-r--r-- root:root" "$doc/CHANGELOG.md -rw-r--r-- root:root"
-             "$doc/PACKAGING.md -rw-r--r-- root:root")
+  REQUIRED+=("$doc/README.md -rw-r--r-- root:root" "$doc/PACKAGING.md -rw-r--r-- root:root"
+             "/usr/share/man/man8/$1.8.gz -rw-r--r-- root:root"
+             "/usr/share/man/man5/$1.toml.5.gz -rw-r--r-- root:root"
+             "/usr/share/bash-completion/completions/$1 -rw-r--r-- root:root"
+             "/usr/share/fish/vendor_completions.d/$1.fish -rw-r--r-- root:root")
+  # Where the formats differ: Debian's compressed changelogs, DEP-5 copyright and zsh
+  # vendor directory; RPM's license directory and zsh site-functions.
+  DEB_REQUIRED=("$doc/changelog.gz -rw-r--r-- root:root" "$doc/changelog.Debian.gz -rw-r--r-- root:root"
+                "$doc/copyright -rw-r--r-- root:root"
+                "/usr/share/zsh/vendor-completions/_$1 -rw-r--r-- root:root"
+                "/usr/share/lintian/overrides/$1 -rw-r--r-- root:root")
+  RPM_REQUIRED=("$doc/CHANGELOG.md -rw-r--r-- root:root" "/usr/share/licenses/$1/copyright -rw-r--r-- root:root"
+                "/usr/share/zsh/site-functions/_$1 -rw-r--r-- root:root")
   CONFFILES=("$CONF" "/etc/default/$1")
   DOCS=(README.md CHANGELOG.md PACKAGING.md)
+}
+
+# No absolute build-machine path in a binary (packaging/release-env.sh remaps them): the
+# cargo registry and git checkouts, this checkout, the toolchain. Checked on the packaged
+# (stripped) binary, as installed.
+check_paths() { # <binary> <label>
+  local bin="$1" label="$2" p hits=()
+  local pats=("/.cargo/registry/" "/.cargo/git/" "$ROOT/" "/.rustup/toolchains/")
+  [[ -n "${CARGO_HOME:-}" ]] && pats+=("$CARGO_HOME/")
+  for p in "${pats[@]}"; do
+    if strings -n 8 "$bin" | grep -qF -- "$p"; then
+      hits+=("$p ($(strings -n 8 "$bin" | grep -cF -- "$p") strings, e.g. $(strings -n 8 "$bin" | grep -F -- "$p" | head -n1 | cut -c1-120))")
+    fi
+  done
+  if [[ ${#hits[@]} -eq 0 ]]; then ok "$label: no build-machine path (${pats[*]})"
+  else for p in "${hits[@]}"; do bad "$label: embeds $p"; done; fi
 }
 
 check_entry() { # <listing: "mode owner:group path" lines> <path> <mode> <owner:group pattern>
@@ -85,14 +122,45 @@ check_vars() { # <package> <label> <script text>
 # Unit lint without a running systemd: a copy of the packaged unit whose Exec* point at the
 # packaged binary (systemd-analyze verify fails on missing executables).
 analyze_unit() { # <package> <extracted payload dir>
-  local pkg="$1" x="$2" unit="$TMP/$1.service" out
-  sed "s|/usr/bin/$pkg|$x/usr/bin/$pkg|g" "$x/usr/lib/systemd/system/$pkg.service" >"$unit"
-  # ConditionPathExists= is not checked by verify; Documentation=file:// is.
-  if out="$(systemd-analyze verify "$unit" 2>&1)" && [[ -z "$out" ]]; then
-    ok "systemd-analyze verify $pkg.service: clean"
-  else bad "systemd-analyze verify $pkg.service: $out"; fi
+  local pkg="$1" x="$2" dir="$TMP/units-$1" unit f name out score
+  mkdir -p "$dir"; unit="$dir/$pkg.service"
+  # Every unit the package ships (the socket unit too), side by side so that a socket's
+  # Service= resolves; verify loads the units next to the ones it is given.
+  for f in "$x"/usr/lib/systemd/system/*; do
+    name="$(basename "$f")"
+    sed "s|/usr/bin/$pkg|$x/usr/bin/$pkg|g" "$f" >"$dir/$name"
+    # ConditionPathExists= is not checked by verify; Documentation=file:// is.
+    if out="$(systemd-analyze verify "$dir/$name" 2>&1)" && [[ -z "$out" ]]; then
+      ok "systemd-analyze verify $name: clean"
+    else bad "systemd-analyze verify $name: $out"; fi
+  done
   SCORE[$pkg]="$(systemd-analyze security --offline=yes "$unit" 2>&1 | tail -n 1 | sed 's/.*exposure level for [^:]*: *//')"
-  echo "  info  systemd-analyze security --offline=yes $pkg.service: ${SCORE[$pkg]}"
+  score="${SCORE[$pkg]%% *}"
+  if [[ "$score" =~ ^[0-9]+(\.[0-9]+)?$ ]] && awk -v s="$score" -v m="$MAX_EXPOSURE" 'BEGIN { exit !(s <= m) }'; then
+    ok "systemd-analyze security --offline=yes $pkg.service: ${SCORE[$pkg]} (at most $MAX_EXPOSURE)"
+  else bad "systemd-analyze security --offline=yes $pkg.service: '${SCORE[$pkg]}', above the baseline $MAX_EXPOSURE (a hardening regression)"; fi
+}
+
+# lintian at its strictest (pedantic, info and experimental tags): anything it prints that is
+# not overridden in the package's shipped override file fails.
+lint_deb() { # <file>
+  local out
+  if ! command -v lintian >/dev/null; then bad "lintian not installed (apt-get install lintian)"; return; fi
+  echo "--- lintian --pedantic -I -E"
+  out="$(lintian --pedantic -I -E --no-tag-display-limit "$1" 2>&1)" || true
+  [[ -n "$out" ]] && sed 's/^/  | /' <<<"$out"
+  if [[ -z "$(grep -E '^[EWIPX]: ' <<<"$out")" ]]; then ok "lintian --pedantic -I -E: nothing reported (overrides: packaging/lintian/$pkg)"
+  else bad "lintian: $(grep -cE '^[EWIPX]: ' <<<"$out") finding(s) not overridden"; fi
+}
+lint_rpm() { # <file>
+  local out
+  if ! command -v rpmlint >/dev/null; then bad "rpmlint not installed (apt-get install rpmlint)"; return; fi
+  echo "--- rpmlint -c packaging/rpmlint.toml"
+  out="$(rpmlint -c "$ROOT/packaging/rpmlint.toml" "$1" 2>&1)" || true
+  sed 's/^/  | /' <<<"$out"
+  # "1 packages and 0 specfiles checked; 0 errors, 0 warnings, 12 filtered, 0 badness; ..."
+  if grep -Eq ' 0 errors, 0 warnings' <<<"$out"; then ok "rpmlint: no error or warning that is not filtered"
+  else bad "rpmlint: findings not filtered in packaging/rpmlint.toml"; fi
 }
 
 inspect_deb() { # <file>
@@ -111,7 +179,7 @@ inspect_deb() { # <file>
   listing="$(dpkg-deb --fsys-tarfile "$deb" | tar -tvf - --numeric-owner \
     | awk '{split($2, og, "/"); u = (og[1] == 0 ? "root" : og[1]); g = (og[2] == 0 ? "root" : og[2]);
             p = $6; sub(/^\./, "", p); print $1, u ":" g, p}')"
-  for r in "${REQUIRED[@]}"; do
+  for r in "${REQUIRED[@]}" "${DEB_REQUIRED[@]}"; do
     read -r path mode og <<<"$r"
     # The payload's group is root (dpkg has no such user yet); postinst sets it.
     [[ "$og" == root:@ ]] && og="root:*"
@@ -130,8 +198,8 @@ inspect_deb() { # <file>
   grep -qx "UNITS=\"$UNITS\"" <<<"$postinst" && grep -qx "UNITS=\"$UNITS\"" <<<"$prerm" \
     && grep -qx "UNITS=\"$UNITS\"" <<<"$postrm" && ok "scripts handle the units $UNITS" || bad "scripts: UNITS is not \"$UNITS\""
   grep -q 'deb-systemd-helper enable' <<<"$postinst" && ok "postinst enables the units" || bad "postinst does not enable the units"
-  grep -q 'systemd-sysusers' <<<"$postinst" && grep -q 'adduser' <<<"$postinst" \
-    && ok "postinst creates the user (systemd-sysusers, adduser fallback)" || bad "postinst user creation"
+  grep -q 'systemd-sysusers' <<<"$postinst" && grep -q 'useradd' <<<"$postinst" \
+    && ok "postinst creates the user (systemd-sysusers, useradd fallback)" || bad "postinst user creation"
   grep -q 'chown root:"\$USER" "\$CONF"' <<<"$postinst" && grep -qx "CONF=$CONF" <<<"$postinst" \
     && ok "postinst sets group $SYSUSER on $CONF" || bad "postinst config group"
   # Code only (comments and echoed notices mention `systemctl restart` for the operator).
@@ -142,8 +210,10 @@ inspect_deb() { # <file>
   grep -Eq '^[[:space:]]*[a-z|-]*upgrade[a-z|-]*\)' <<<"$prerm" && bad "prerm acts on upgrade" || ok "prerm leaves the service alone on upgrade"
   grep -q 'rm -f "\$CONF"' <<<"$postrm" && grep -qx "CONF=$CONF" <<<"$postrm" && ok "postrm purge removes $CONF" || bad "postrm purge"
   x="$ctrl/x"; dpkg-deb -x "$deb" "$x"
-  echo "--- systemd-analyze (packaged unit, binary from the package)"
+  check_paths "$x/usr/bin/$pkg" "/usr/bin/$pkg"
+  echo "--- systemd-analyze (packaged units, binary from the package)"
   analyze_unit "$pkg" "$x"
+  lint_deb "$deb"
 }
 
 inspect_rpm() { # <file>
@@ -160,7 +230,7 @@ inspect_rpm() { # <file>
   echo "--- checks"
   listing="$(rpm -qp --queryformat '[%{FILEMODES:perms} %{FILEUSERNAME}:%{FILEGROUPNAME} %{FILENAMES}\n]' "$rpm")"
   flags="$(rpm -qp --queryformat '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$rpm")"
-  for r in "${REQUIRED[@]}"; do
+  for r in "${REQUIRED[@]}" "${RPM_REQUIRED[@]}"; do
     read -r path mode og <<<"$r"
     og="${og/@/$SYSUSER}"
     check_entry "$listing" "$path" "$mode" "$og"
@@ -184,6 +254,7 @@ inspect_rpm() { # <file>
   grep -qx "UNITS=\"$UNITS\"" <<<"$scripts" && ok "scriptlets handle the units $UNITS" || bad "scriptlets: UNITS is not \"$UNITS\""
   grep -q 'systemctl --no-reload disable --now' <<<"$scripts" && ok "preun stops+disables on erase" || bad "preun"
   grep -q 'try-restart' <<<"$scripts" && ok "postun: try-restart only on opt-in" || bad "postun upgrade policy"
+  lint_rpm "$rpm"
 }
 
 for f in "$@"; do

@@ -329,15 +329,27 @@ check "/etc/konnectivity/agent.toml root:konnectivity-agent 640" file_is /etc/ko
 check "/etc/konnectivity/agent-pki root:konnectivity-agent 750" file_is /etc/konnectivity/agent-pki "root:konnectivity-agent 750 directory"
 check "/etc/default/konnectivity-agent root:root 644" file_is /etc/default/konnectivity-agent "root:root 644 regular file"
 check "/usr/lib/sysusers.d/konnectivity-agent.conf present" c test -f /usr/lib/sysusers.d/konnectivity-agent.conf
-check "/usr/share/doc/konnectivity-agent/{README.md,CHANGELOG.md,agent.toml} present" \
-  c test -f /usr/share/doc/konnectivity-agent/README.md -a -f /usr/share/doc/konnectivity-agent/CHANGELOG.md \
+check "/usr/share/doc/konnectivity-agent/{README.md,changelog.gz,agent.toml} present" \
+  c test -f /usr/share/doc/konnectivity-agent/README.md -a -f /usr/share/doc/konnectivity-agent/changelog.gz \
   -a -f /usr/share/doc/konnectivity-agent/agent.toml
+for p in konnectivity-server konnectivity-agent; do
+  check "$p: man pages $p(8) and $p.toml(5), bash/zsh/fish completions installed" \
+    c test -f "/usr/share/man/man8/$p.8.gz" -a -f "/usr/share/man/man5/$p.toml.5.gz" \
+    -a -f "/usr/share/bash-completion/completions/$p" -a -f "/usr/share/zsh/vendor-completions/_$p" \
+    -a -f "/usr/share/fish/vendor_completions.d/$p.fish"
+done
 check "agent unit enabled after install" test "$(c systemctl is-enabled "$AUNIT" 2>&1)" = enabled
 check "agent unit NOT started by install" test "$(c systemctl is-active "$AUNIT" 2>&1)" = inactive
 # Enabled before its certificates exist: a start (as at boot) is skipped, not failed.
 c timeout 30 systemctl start "$AUNIT" >/dev/null 2>&1
 check "agent without certificates: start skipped by ConditionPathExists (inactive, not failed)" \
   test "$(ashow ActiveState)/$(ashow ConditionResult)" = inactive/no
+# The same for the server and its socket unit (as at boot: the socket first, then the service).
+c timeout 30 systemctl start konnectivity-server.socket "$UNIT" >/dev/null 2>&1
+check "server without certificates: start skipped by ConditionPathExists (inactive, not failed)" \
+  test "$(show ActiveState)/$(show ConditionResult)" = inactive/no
+check "socket unit without certificates: skipped by ConditionPathExists (inactive, not failed, not listening)" \
+  test "$(show ActiveState konnectivity-server.socket)/$(show ConditionResult konnectivity-server.socket)" = inactive/no
 step_end
 
 step_begin "systemd-analyze verify + security"
@@ -600,6 +612,24 @@ cp -p "$SCRATCH/server.toml.good" "$CROOT/etc/konnectivity/server.toml"
 cp -p "$SCRATCH/agent.toml.good" "$CROOT/etc/konnectivity/agent.toml"
 check "reload after restoring the config exits 0" c timeout 60 systemctl reload "$UNIT"
 check "agent: reload after restoring the config exits 0" c timeout 60 systemctl reload "$AUNIT"
+step_end
+
+step_begin "the shipped example drop-in 10-notify-reload.conf on systemd 252: systemctl reload still signals"
+DROPIN="/etc/systemd/system/$UNIT.d/10-notify-reload.conf"
+check "install the drop-in from /usr/share/doc/konnectivity-server/examples/" \
+  c install -D -m 0644 /usr/share/doc/konnectivity-server/examples/10-notify-reload.conf "$DROPIN"
+c systemctl daemon-reload
+# The server logs "configuration reloaded" with TRIGGER=SIGHUP once per SIGHUP it acted on.
+sighup_reloads() { jsonl_unit | jq -s '[.[] | select(.MESSAGE == "configuration reloaded" and .TRIGGER == "SIGHUP")] | length' 2>/dev/null; }
+N0="$(sighup_reloads)" PID_BEFORE="$(main_pid)"
+log "      with the drop-in: Type=$(show Type) (252 ignores notify-reload), $N0 SIGHUP reloads so far"
+OUT="$(c timeout 60 systemctl reload "$UNIT" 2>&1)"; RC=$?
+[[ -n "$OUT" ]] && echo "$OUT" | sed 's/^/      | /'
+check "with the drop-in: systemctl reload exits 0" test $RC -eq 0
+check "with the drop-in: the server was signalled and reloaded (\"configuration reloaded\", TRIGGER=SIGHUP: $N0 -> $((N0 + 1)))" \
+  wait_for 5 eval '[[ "$(sighup_reloads)" == "$((N0 + 1))" ]]'
+check "with the drop-in: same MainPID ($PID_BEFORE), active/running" eval 'same_pid "$PID_BEFORE" && active_running'
+c rm -f "$DROPIN"; c systemctl daemon-reload
 step_end
 
 # ------------------------------------------------------------------------------ journal -----
