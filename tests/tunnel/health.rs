@@ -154,3 +154,39 @@ async fn shutdown_with_live_streams_ends_them_and_leaves_nothing_behind() {
     drop((agent, established, pending, fe));
     stopped.check_clean().await;
 }
+
+/// The less loaded of two agents takes new tunnels: with ten tunnels open through agent A, the
+/// next ten dials all go to agent B, which had none (a uniform pick would send about half of
+/// them to A).
+#[tokio::test]
+async fn new_tunnels_go_to_the_less_loaded_of_two_agents() {
+    let h = Harness::start().await;
+    let mut a = h.agent("agent-a").await;
+    h.wait_agents(1).await;
+    let fe = h.frontend().await;
+    let mut tunnels = Vec::new();
+    for random in 1..=10i64 {
+        tunnels.push(h.establish(&fe, &mut a, random, random).await);
+    }
+    let b = h.agent("agent-b").await;
+    h.wait_agents(2).await;
+    let mut agents = [a, b];
+    for random in 11..=20i64 {
+        let mut t = fe.open().await;
+        t.send(dial_req(ADDRESS, random)).await;
+        let (which, packet) = within("a DIAL_REQ at either agent", first_packet(&mut agents)).await;
+        assert_eq!(packet, dial_req(ADDRESS, random));
+        assert_eq!(
+            which,
+            1,
+            "dial {random} went to agent A, which carries 10 tunnels, while B carries {}",
+            random - 11
+        );
+        agents[1].send(dial_rsp(random, random, "")).await;
+        assert_eq!(t.recv().await, dial_rsp(random, random, ""));
+        tunnels.push(t);
+    }
+    drop(tunnels);
+    drop((fe, agents));
+    h.finish().await;
+}
