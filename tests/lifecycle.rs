@@ -314,7 +314,7 @@ fn notify_sequence_for_start_reload_failed_reload_and_stop() {
     let count = |server: &Server| {
         metric(
             &server.metrics(),
-            "konnectivity_network_proxy_server_server_count",
+            "konnectivity_network_proxy_server_announced_servers",
         )
     };
     assert_eq!(count(&server), 1.0);

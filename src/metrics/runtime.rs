@@ -51,7 +51,9 @@ impl RuntimeMetrics {
             ]
             .map(|(name, help)| f.gauge(name, help)),
             server_count: f.gauge(
-                "server_count",
+                // Not `server_count`: a `_count` suffix is reserved for histograms and
+                // summaries (promtool's lint, which dashboards' tooling applies).
+                "announced_servers",
                 "The number of proxy servers this server tells connecting agents there are (--server-count; a reload changes it).",
             ),
         };

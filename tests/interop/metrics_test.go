@@ -41,7 +41,7 @@ var ourAdditions = map[string]bool{
 	serverPrefix + "suspect_agents":                        true,
 	serverPrefix + "unanswered_agent_retirements_total":    true,
 	serverPrefix + "dial_retries_total":                    true,
-	serverPrefix + "server_count":                          true,
+	serverPrefix + "announced_servers":                     true,
 	serverPrefix + "allocator_allocated_bytes":             true,
 	serverPrefix + "allocator_active_bytes":                true,
 	serverPrefix + "allocator_resident_bytes":              true,
