@@ -233,8 +233,8 @@ fn spawn_http_connect_frontend(
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         servers.spawn(async move {
-            while let Some(Accepted { io, hold }) = incoming.next().await {
-                let serve = crate::frontend::http_connect::serve(shared.clone(), io);
+            while let Some(Accepted { io, hold, peer }) = incoming.next().await {
+                let serve = crate::frontend::http_connect::serve(shared.clone(), io, peer);
                 // The connection's drain token lives as long as it is served: its one CONNECT
                 // is its first request.
                 shared.tasks.spawn(async move {
@@ -339,6 +339,7 @@ fn serve_grpc<IO, Wrapped, S>(
                         Accepted {
                             io: AuthorityScrub::new(io),
                             hold: accepted.hold,
+                            peer: accepted.peer,
                         },
                         ping,
                     )
