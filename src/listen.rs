@@ -327,14 +327,20 @@ pub fn spawn_tls_acceptor(
     ReceiverStream::new(rx)
 }
 
+/// The peer of a Unix-socket connection whose client process is not asked for.
+static UNNAMED_UNIX_PEER: std::sync::LazyLock<Arc<str>> =
+    std::sync::LazyLock::new(|| Arc::from("unix socket"));
+
 /// Accepts Unix-socket connections until `stop`, each with a token from `holds` (see
 /// [`Accepted`]).
 pub fn spawn_uds_acceptor(
+    shared: &Arc<Shared>,
     listener: UnixListener,
     holds: TaskTracker,
     stop: CancellationToken,
 ) -> ReceiverStream<Accepted<tokio::net::UnixStream>> {
     let (tx, rx) = mpsc::channel(64);
+    let shared = shared.clone();
     tokio::spawn(async move {
         let mut acceptor = Acceptor::new(listener, "the frontend socket", None);
         loop {
@@ -343,18 +349,24 @@ pub fn spawn_uds_acceptor(
             let Some(accepted) = acceptor.next(&stop).await else {
                 break;
             };
-            let peer = match accepted.io.peer_cred() {
-                Ok(cred) => match cred.pid() {
-                    Some(pid) => format!("unix socket pid={pid} uid={}", cred.uid()),
-                    None => format!("unix socket uid={}", cred.uid()),
-                },
-                Err(_) => "unix socket".to_string(),
+            // The client's process is named only in the destination policy's log lines, so
+            // it is asked for (a system call per connection) only while a policy is set.
+            let peer = if shared.snapshot().config.destinations.is_empty() {
+                UNNAMED_UNIX_PEER.clone()
+            } else {
+                Arc::from(match accepted.io.peer_cred() {
+                    Ok(cred) => match cred.pid() {
+                        Some(pid) => format!("unix socket pid={pid} uid={}", cred.uid()),
+                        None => format!("unix socket uid={}", cred.uid()),
+                    },
+                    Err(_) => "unix socket".to_string(),
+                })
             };
             if tx
                 .send(Accepted {
                     io: accepted.io,
                     hold,
-                    peer: Arc::from(peer),
+                    peer,
                 })
                 .await
                 .is_err()

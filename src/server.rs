@@ -250,7 +250,7 @@ fn spawn_http_connect_frontend(
         FrontendListener::Unix(listener) => serve_all(
             shared.clone(),
             servers,
-            spawn_uds_acceptor(listener, holds, stop),
+            spawn_uds_acceptor(shared, listener, holds, stop),
         ),
         FrontendListener::Tcp(listener) => {
             let what = "the frontend port";
@@ -280,7 +280,7 @@ fn spawn_grpc_frontend(
     match listener {
         // Invalid :authority values are mended before h2 sees them (see authority.rs).
         FrontendListener::Unix(listener) => {
-            let incoming = spawn_uds_acceptor(listener, holds, stop);
+            let incoming = spawn_uds_acceptor(shared, listener, holds, stop);
             serve_grpc(
                 servers,
                 frontend_server,
