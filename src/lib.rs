@@ -15,6 +15,7 @@ mod hpack;
 mod identifiers;
 pub mod logging;
 mod metrics;
+pub mod policy;
 pub mod proto;
 pub mod wire;
 

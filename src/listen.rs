@@ -269,6 +269,8 @@ impl Listeners {
 pub struct Accepted<IO> {
     pub io: IO,
     pub hold: Option<TaskTrackerToken>,
+    /// Who connected, for log lines: an address, or a Unix socket client's process.
+    pub peer: Arc<str>,
 }
 
 /// Accepts TCP connections and runs each TLS handshake in its own task with a timeout, so a
@@ -307,7 +309,14 @@ pub fn spawn_tls_acceptor(
                 let peer = accepted.peer;
                 match result {
                     Ok(Ok(tls)) => {
-                        let _ = tx.send(Accepted { io: tls, hold }).await;
+                        let peer = Arc::from(peer.to_string());
+                        let _ = tx
+                            .send(Accepted {
+                                io: tls,
+                                hold,
+                                peer,
+                            })
+                            .await;
                     }
                     Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
@@ -318,14 +327,20 @@ pub fn spawn_tls_acceptor(
     ReceiverStream::new(rx)
 }
 
+/// The peer of a Unix-socket connection whose client process is not asked for.
+static UNNAMED_UNIX_PEER: std::sync::LazyLock<Arc<str>> =
+    std::sync::LazyLock::new(|| Arc::from("unix socket"));
+
 /// Accepts Unix-socket connections until `stop`, each with a token from `holds` (see
 /// [`Accepted`]).
 pub fn spawn_uds_acceptor(
+    shared: &Arc<Shared>,
     listener: UnixListener,
     holds: TaskTracker,
     stop: CancellationToken,
 ) -> ReceiverStream<Accepted<tokio::net::UnixStream>> {
     let (tx, rx) = mpsc::channel(64);
+    let shared = shared.clone();
     tokio::spawn(async move {
         let mut acceptor = Acceptor::new(listener, "the frontend socket", None);
         loop {
@@ -334,10 +349,24 @@ pub fn spawn_uds_acceptor(
             let Some(accepted) = acceptor.next(&stop).await else {
                 break;
             };
+            // The client's process is named only in the destination policy's log lines, so
+            // it is asked for (a system call per connection) only while a policy is set.
+            let peer = if shared.snapshot().config.destinations.is_empty() {
+                UNNAMED_UNIX_PEER.clone()
+            } else {
+                Arc::from(match accepted.io.peer_cred() {
+                    Ok(cred) => match cred.pid() {
+                        Some(pid) => format!("unix socket pid={pid} uid={}", cred.uid()),
+                        None => format!("unix socket uid={}", cred.uid()),
+                    },
+                    Err(_) => "unix socket".to_string(),
+                })
+            };
             if tx
                 .send(Accepted {
                     io: accepted.io,
                     hold,
+                    peer,
                 })
                 .await
                 .is_err()
@@ -370,18 +399,26 @@ struct ConnState {
     opened: std::sync::atomic::AtomicU64,
     /// The connection's drain token (see [`Accepted`]) until its first stream takes it.
     hold: std::sync::Mutex<Option<TaskTrackerToken>>,
+    peer: Arc<str>,
 }
 
 impl ConnStreams {
     fn new(
         hold: Option<TaskTrackerToken>,
         ping: Option<crate::h2_ping::PingHandle>,
+        peer: Arc<str>,
     ) -> ConnStreams {
         ConnStreams(Arc::new(ConnState {
             ping,
             opened: Default::default(),
             hold: std::sync::Mutex::new(hold),
+            peer,
         }))
+    }
+
+    /// Who connected (see [`Accepted::peer`]).
+    pub fn peer(&self) -> &Arc<str> {
+        &self.0.peer
     }
 
     /// Counts a new stream; returns whether it is the connection's first.
@@ -417,7 +454,7 @@ impl<IO> Tracked<IO> {
     pub fn new(accepted: Accepted<IO>, ping: Option<crate::h2_ping::PingHandle>) -> Tracked<IO> {
         Tracked {
             io: accepted.io,
-            streams: ConnStreams::new(accepted.hold, ping),
+            streams: ConnStreams::new(accepted.hold, ping, accepted.peer),
         }
     }
 }

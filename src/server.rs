@@ -233,8 +233,8 @@ fn spawn_http_connect_frontend(
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         servers.spawn(async move {
-            while let Some(Accepted { io, hold }) = incoming.next().await {
-                let serve = crate::frontend::http_connect::serve(shared.clone(), io);
+            while let Some(Accepted { io, hold, peer }) = incoming.next().await {
+                let serve = crate::frontend::http_connect::serve(shared.clone(), io, peer);
                 // The connection's drain token lives as long as it is served: its one CONNECT
                 // is its first request.
                 shared.tasks.spawn(async move {
@@ -250,7 +250,7 @@ fn spawn_http_connect_frontend(
         FrontendListener::Unix(listener) => serve_all(
             shared.clone(),
             servers,
-            spawn_uds_acceptor(listener, holds, stop),
+            spawn_uds_acceptor(shared, listener, holds, stop),
         ),
         FrontendListener::Tcp(listener) => {
             let what = "the frontend port";
@@ -280,7 +280,7 @@ fn spawn_grpc_frontend(
     match listener {
         // Invalid :authority values are mended before h2 sees them (see authority.rs).
         FrontendListener::Unix(listener) => {
-            let incoming = spawn_uds_acceptor(listener, holds, stop);
+            let incoming = spawn_uds_acceptor(shared, listener, holds, stop);
             serve_grpc(
                 servers,
                 frontend_server,
@@ -339,6 +339,7 @@ fn serve_grpc<IO, Wrapped, S>(
                         Accepted {
                             io: AuthorityScrub::new(io),
                             hold: accepted.hold,
+                            peer: accepted.peer,
                         },
                         ping,
                     )

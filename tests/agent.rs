@@ -542,3 +542,45 @@ async fn profiling_pages_on_both_admin_ports_only_when_enabled() {
     );
     plain.stop().await;
 }
+
+/// The agent checks the address a name resolves to: `localhost` is no address rule's business
+/// at the server, but the agent resolves it into the denied loopback range and refuses it, as
+/// it refuses the address itself; another port, not denied, is dialled as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_agent_refuses_a_name_that_resolves_into_a_denied_range() {
+    // Before the harness, whose end checks that no task it did not find is left.
+    let (denied, open) = (echo_server().await, echo_server().await);
+    let h = Harness::start().await;
+    let rule = format!(
+        "--deny-destinations=127.0.0.0/8:{port},[::1]:{port}",
+        port = denied.port()
+    );
+    let agent = start_agent(&h, "policy", &[&rule]).await;
+    let frontend = h.frontend().await;
+    for (random, address) in [
+        (1, format!("localhost:{}", denied.port())),
+        (2, format!("127.0.0.1:{}", denied.port())),
+    ] {
+        let mut tunnel = frontend.open().await;
+        tunnel.send(dial_req(&address, random)).await;
+        let (got, _, error) = dial_rsp_of(&tunnel.recv().await);
+        assert_eq!(
+            (got, error.as_str()),
+            (random, "destination not allowed by policy"),
+            "{address}"
+        );
+    }
+    assert_eq!(
+        agent
+            .metrics()
+            .destinations_refused(&format!("127.0.0.0/8:{}", denied.port())),
+        2
+    );
+    let (mut tunnel, connect_id) = dial(&frontend, &format!("localhost:{}", open.port()), 3).await;
+    echo_once(&mut tunnel, connect_id, b"allowed").await;
+    drop(tunnel);
+    h.wait_gauges((0, 0)).await;
+    drop(frontend);
+    agent.stop().await;
+    h.finish().await;
+}

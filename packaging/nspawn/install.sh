@@ -119,7 +119,9 @@ check "install the agent's certificate, key and CA root:konnectivity-agent 0640 
 # /etc/default/konnectivity-server an admin-edited conffile for the upgrade test.
 # destHost routes a tunnel to localhost to our agent (host=localhost), one to 127.0.0.1 to the
 # upstream agent (ipv4=127.0.0.1); default picks any agent when none matches.
-ARGS="--config /etc/konnectivity/server.toml --agent-port=$AGENT_PORT --agent-bind-address=127.0.0.1 --health-port=$HEALTH_PORT --health-bind-address=127.0.0.1 --admin-port=$ADMIN_PORT --admin-bind-address=127.0.0.1 --graceful-shutdown-timeout=5s --server-id=nspawn-test --proxy-strategies=destHost,default"
+# --deny-destinations= (an empty list): the packaged server.toml denies loopback, and the
+# tunnel checks below reach destinations on 127.0.0.1 and localhost.
+ARGS="--config /etc/konnectivity/server.toml --agent-port=$AGENT_PORT --agent-bind-address=127.0.0.1 --health-port=$HEALTH_PORT --health-bind-address=127.0.0.1 --admin-port=$ADMIN_PORT --admin-bind-address=127.0.0.1 --graceful-shutdown-timeout=5s --server-id=nspawn-test --proxy-strategies=destHost,default --deny-destinations="
 sed -i "s|^KONNECTIVITY_SERVER_ARGS=.*|KONNECTIVITY_SERVER_ARGS=\"$ARGS\"|" "$CROOT/etc/default/konnectivity-server"
 check "test arguments in /etc/default/konnectivity-server" grep -q "agent-port=$AGENT_PORT" "$CROOT/etc/default/konnectivity-server"
 # Our agent: the packaged agent.toml (its certificate paths, graceful_shutdown_timeout = 60s)

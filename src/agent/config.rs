@@ -72,6 +72,8 @@ pub struct AgentConfig {
     pub warn_on_channel_limit: bool,
     pub queue: QueueLimits,
     pub dial_timeout: Duration,
+    /// Which destinations this agent dials (empty lists: all, as upstream).
+    pub destinations: crate::policy::Policy,
     /// `None`: drain until a second signal, as upstream.
     pub drain_timeout: Option<Duration>,
     pub health_addr: SocketAddr,
@@ -264,7 +266,11 @@ impl AgentConfig {
             alpn.push(b"h2".to_vec());
         }
         let path = |p: &str| (!p.is_empty()).then(|| PathBuf::from(p));
+        let destinations =
+            crate::policy::Policy::from_lists(&o.allow_destinations, &o.deny_destinations)
+                .map_err(invalid)?;
         Ok(AgentConfig {
+            destinations,
             config_file: o.config.clone(),
             // Upstream reads an empty --ca-cert as the current directory, and fails on it.
             ca_cert: if o.ca_cert.is_empty() {

@@ -8,12 +8,16 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
+use crate::policy::Policy;
+
 /// A failed dial: the text upstream's agent would send, and whether it timed out (the
 /// `reason` label upstream counts).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DialError {
     pub text: String,
     pub timeout: bool,
+    /// The destination policy's refusal (its `rule` label), when that is why.
+    pub refused_by: Option<String>,
 }
 
 impl DialError {
@@ -21,6 +25,7 @@ impl DialError {
         DialError {
             text,
             timeout: false,
+            refused_by: None,
         }
     }
 }
@@ -72,6 +77,7 @@ pub async fn dial(
     protocol: &str,
     address: &str,
     timeout: Duration,
+    policy: &Policy,
 ) -> Result<TcpStream, DialError> {
     let family = match protocol {
         "tcp" => None,
@@ -97,6 +103,7 @@ pub async fn dial(
     let timed_out = |what: String| DialError {
         text: format!("{what}: i/o timeout"),
         timeout: true,
+        refused_by: None,
     };
     let candidates: Vec<SocketAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
@@ -117,6 +124,28 @@ pub async fn dial(
         .into_iter()
         .filter(|a| family.is_none_or(|v4| a.is_ipv4() == v4))
         .collect();
+    // The policy sees each address the name resolved to: one it refuses is never connected
+    // to, even when the name also has others (a name cannot smuggle a denied address in).
+    let mut refused = None;
+    let candidates: Vec<SocketAddr> = candidates
+        .into_iter()
+        .filter(|a| match policy.check_resolved(host, a.ip(), port) {
+            Ok(()) => true,
+            Err(refusal) => {
+                refused.get_or_insert_with(|| refusal.label().to_string());
+                false
+            }
+        })
+        .collect();
+    if candidates.is_empty() {
+        if let Some(rule) = refused {
+            return Err(DialError {
+                text: crate::policy::NOT_ALLOWED.to_string(),
+                timeout: false,
+                refused_by: Some(rule),
+            });
+        }
+    }
     let mut last = None;
     for target in &candidates {
         match tokio::time::timeout_at(deadline, TcpStream::connect(target)).await {
@@ -170,21 +199,36 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let err = dial("tcp", &format!("127.0.0.1:{port}"), Duration::from_secs(5))
-            .await
-            .unwrap_err();
+        let err = dial(
+            "tcp",
+            &format!("127.0.0.1:{port}"),
+            Duration::from_secs(5),
+            &Policy::default(),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(
             err.text,
             format!("dial tcp 127.0.0.1:{port}: connect: connection refused")
         );
         assert!(!err.timeout);
-        let err = dial("udp", "127.0.0.1:1", Duration::from_secs(1))
-            .await
-            .unwrap_err();
+        let err = dial(
+            "udp",
+            "127.0.0.1:1",
+            Duration::from_secs(1),
+            &Policy::default(),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err.text, "dial udp: unknown network udp");
-        let err = dial("tcp", "no-such-host.invalid:80", Duration::from_secs(5))
-            .await
-            .unwrap_err();
+        let err = dial(
+            "tcp",
+            "no-such-host.invalid:80",
+            Duration::from_secs(5),
+            &Policy::default(),
+        )
+        .await
+        .unwrap_err();
         assert!(err.text.ends_with("no such host"), "{}", err.text);
     }
 }

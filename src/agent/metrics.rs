@@ -56,6 +56,8 @@ pub struct AgentMetrics {
     pub queued_bytes: IntGauge,
     violations: IntCounterVec,
     violation_log: ViolationLog,
+    destinations_refused: IntCounterVec,
+    refusal_log: ViolationLog,
 }
 
 impl AgentMetrics {
@@ -131,6 +133,12 @@ impl AgentMetrics {
                 &["kind"],
             ),
             violation_log: ViolationLog::new(),
+            destinations_refused: counter(
+                "destinations_refused_total",
+                "Dials refused by the destination policy, by the rule that refused them (a --deny-destinations rule as written, or allow-list when no --allow-destinations rule matched).",
+                &["rule"],
+            ),
+            refusal_log: ViolationLog::new(),
             registry: r.clone(),
         };
         for collector in crate::metrics::process::collectors() {
@@ -140,6 +148,17 @@ impl AgentMetrics {
         // before then (upstream's own test framework does) must find 0, not nothing.
         metrics.open_endpoints.with_label_values(NO_LABELS).set(0);
         metrics
+    }
+
+    /// Counts a dial the destination policy refused. Returns `Some(n)` when it may be
+    /// logged, `n` being the refusals left unlogged since the last line.
+    pub fn destination_refused(&self, rule: &str) -> Option<u64> {
+        self.destinations_refused.with_label_values(&[rule]).inc();
+        self.refusal_log.allow()
+    }
+
+    pub fn destinations_refused(&self, rule: &str) -> u64 {
+        self.destinations_refused.with_label_values(&[rule]).get()
     }
 
     pub fn dial_succeeded(&self, seconds: f64) {

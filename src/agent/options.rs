@@ -209,6 +209,20 @@ pub struct AgentOptions {
     pub enable_contention_profiling: bool,
 
     // --- beyond upstream ---
+    /// The only destinations this agent dials: address ranges, addresses or host names
+    /// (*.name matches any name under it), each with an optional :port or :low-high; comma
+    /// separated, repeatable. Checked after the name is resolved: a name matches name rules
+    /// and the address it resolves to matches address rules. Empty allows every destination
+    /// the deny list does not name.
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    #[serde(deserialize_with = "crate::config::goflag::comma_list")]
+    pub allow_destinations: Vec<String>,
+    /// Destinations this agent never dials, in the syntax of --allow-destinations (a match
+    /// wins over the allow list), checked against the name and against every address it
+    /// resolves to; a refused dial gets a DIAL_RSP error.
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    #[serde(deserialize_with = "crate::config::goflag::comma_list")]
+    pub deny_destinations: Vec<String>,
     /// Reload when the config file, a certificate, key, CA or token file changes.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub watch_files: bool,

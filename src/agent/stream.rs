@@ -286,12 +286,25 @@ impl ServerStream {
         let snapshot = self.state.snapshot();
         let started = Instant::now();
         let dialed = tokio::select! {
-            dialed = dialer::dial(&request.protocol, &request.address, snapshot.config.dial_timeout) => dialed,
+            dialed = dialer::dial(&request.protocol, &request.address, snapshot.config.dial_timeout, &snapshot.config.destinations) => dialed,
             _ = self.cancel.cancelled() => return,
         };
         drop(permit);
         let tcp = match dialed {
             Ok(tcp) => tcp,
+            Err(e) if e.refused_by.is_some() => {
+                let rule = e.refused_by.as_deref().unwrap_or_default();
+                if let Some(unlogged) = self.state.metrics.destination_refused(rule) {
+                    tracing::warn!(dialID = request.random, dialAddress = %request.address, rule, unlogged, "dial refused: destination not allowed by policy");
+                }
+                if !self
+                    .send(wire::dial_response_error(request.random, &e.text))
+                    .await
+                {
+                    tracing::error!(dialID = request.random, connectionID = connect_id, dialAddress = %request.address, "could not send DIAL_RSP with error");
+                }
+                return;
+            }
             Err(e) => {
                 self.state.metrics.dial_failed(if e.timeout {
                     DialFailureReason::Timeout

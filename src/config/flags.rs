@@ -164,6 +164,22 @@ pub struct Options {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warn_on_channel_limit: Option<bool>,
 
+    // --- destination policy ---
+    /// Beyond upstream: the only destinations tunnels may reach: address ranges (10.0.0.0/8),
+    /// addresses, or host names (*.svc.cluster.local matches any name under it), each with an
+    /// optional :port or :low-high ([fd00::/8]:443 for IPv6). Comma separated, repeatable.
+    /// Empty allows every destination the deny list does not name. A name is matched against
+    /// name rules only: the server does not resolve it (the agent does).
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    #[serde(deserialize_with = "super::goflag::comma_list")]
+    pub allow_destinations: Vec<String>,
+    /// Beyond upstream: destinations no tunnel may reach, in the syntax of
+    /// --allow-destinations; a match here wins over the allow list. A refused dial gets a
+    /// DIAL_RSP error (gRPC) or 403 (HTTP CONNECT).
+    #[arg(long, value_delimiter = ',', action = ArgAction::Append)]
+    #[serde(deserialize_with = "super::goflag::comma_list")]
+    pub deny_destinations: Vec<String>,
+
     // --- TLS policy (agent and TCP frontend) ---
     /// Allowed TLS 1.2 cipher suites, by Go name; comma separated, repeatable.
     #[arg(long, value_delimiter = ',', action = ArgAction::Append)]

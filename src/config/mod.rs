@@ -95,6 +95,8 @@ pub struct Config {
     pub server_id: String,
     pub server_count: i64,
     pub proxy_strategies: Vec<Strategy>,
+    /// Which destinations tunnels may reach (empty lists: all, as upstream).
+    pub destinations: crate::policy::Policy,
     pub xfr_channel_size: usize,
     pub frontend_write_channel_size: usize,
     pub frontend_queue_limit_bytes: usize,
@@ -234,6 +236,7 @@ impl Config {
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
             server_count: options.server_count,
             proxy_strategies: checked.proxy_strategies,
+            destinations: checked.destinations,
             xfr_channel_size: options.xfr_channel_size as usize,
             frontend_write_channel_size: options.frontend_write_channel_size as usize,
             frontend_queue_limit_bytes: options.frontend_queue_limit_bytes as usize,

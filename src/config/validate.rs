@@ -1,6 +1,8 @@
 //! Upstream's validation of the command line: the same rules, messages and order.
 
 use std::collections::BTreeMap;
+
+use crate::policy::Policy;
 use std::path::Path;
 
 use super::{
@@ -80,6 +82,7 @@ pub(super) struct Checked {
     pub(super) tls_min_version: TlsVersion,
     /// Empty without the lease controller.
     pub(super) lease_labels: BTreeMap<String, String>,
+    pub(super) destinations: Policy,
 }
 
 impl Options {
@@ -264,11 +267,14 @@ impl Options {
         if !self.enable_lease_controller {
             parse_labels(&self.lease_label).map_err(ValidationError)?;
         }
+        let destinations = Policy::from_lists(&self.allow_destinations, &self.deny_destinations)
+            .map_err(ValidationError)?;
         Ok(Checked {
             mode,
             proxy_strategies,
             tls_min_version,
             lease_labels,
+            destinations,
         })
     }
 }

@@ -40,6 +40,9 @@ pub enum DialError {
     AgentGone,
     #[error("{DUPLICATE_DIAL_ID}")]
     DuplicateDialId,
+    /// The destination policy refuses the address (counted and logged where it is checked).
+    #[error("{}", crate::policy::NOT_ALLOWED)]
+    NotAllowed,
     /// The agent's stream closed while the DIAL_REQ was being sent.
     #[error("agent stream closed")]
     SendFailed,
@@ -51,7 +54,7 @@ pub enum DialError {
 impl DialError {
     fn record(self, kind: FrontendKind, metrics: &Metrics) {
         let failure = match self {
-            DialError::ShuttingDown | DialError::DuplicateDialId => return,
+            DialError::ShuttingDown | DialError::DuplicateDialId | DialError::NotAllowed => return,
             // Upstream counts `no_agent` for gRPC only; its HTTP-CONNECT path records nothing.
             DialError::NoAgent if kind == FrontendKind::HttpConnect => return,
             DialError::NoAgent => DialFailure::NoAgent,
@@ -88,6 +91,8 @@ pub struct DialSpec<'a> {
     /// refused (its client should move on); the first one of a connection accepted just
     /// before the drain began is still served, so a restart fails no request.
     pub first_on_connection: bool,
+    /// Who asked, for log lines: the frontend's address, or the Unix socket.
+    pub peer: &'a str,
     pub address: &'a str,
     pub dial_id: i64,
     /// The DIAL_REQ to send, with id `dial_id` for `address`.
@@ -118,14 +123,21 @@ async fn send_dial(
     spec: DialSpec<'_>,
 ) -> Result<Dial, DialError> {
     let DialSpec {
+        kind: spec_kind,
         first_on_connection,
+        peer,
         address,
         dial_id,
         request,
-        ..
     } = spec;
     if shared.is_draining() && !first_on_connection {
         return Err(DialError::ShuttingDown);
+    }
+    if let Err(refusal) = shared.snapshot().config.destinations.check(address) {
+        if let Some(unlogged) = shared.metrics.dial.destination_refused(refusal.label()) {
+            tracing::warn!(frontend = ?spec_kind, peer = %peer, destination = %address, rule = refusal.label(), unlogged, "dial refused: destination not allowed by policy");
+        }
+        return Err(DialError::NotAllowed);
     }
     let agent = match shared.registry.pick(address) {
         Some(agent) => agent,

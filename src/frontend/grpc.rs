@@ -38,6 +38,7 @@ impl ProxyService for ProxyFrontend {
         // was accepted before it began, and its client could not know.
         let conn = request.extensions().get::<ConnStreams>();
         let first_on_connection = conn.is_none_or(ConnStreams::open_first);
+        let peer = conn.map_or_else(|| Arc::from("unknown"), |c| c.peer().clone());
         // The first stream keeps the drain waiting for it (see `Shared::tunnels_released`).
         let accept_hold = conn
             .filter(|_| first_on_connection)
@@ -61,6 +62,7 @@ impl ProxyService for ProxyFrontend {
             dial: None,
             stopped: false,
             first_on_connection,
+            peer,
             _accept_hold: accept_hold,
             user_agent,
             record: TunnelRecord::new(FrontendKind::Grpc),
@@ -78,6 +80,8 @@ struct GrpcTunnel {
     dial: Option<Dial>,
     /// Whether this is its connection's first stream (see [`DialSpec`]).
     first_on_connection: bool,
+    /// Who opened it (see [`crate::listen::Accepted::peer`]).
+    peer: Arc<str>,
     /// The first stream's hold on the drain, from its connection's accept on.
     _accept_hold: Option<TaskTrackerToken>,
     /// After a fatal error the stream is only drained, as upstream does, until the client ends it.
@@ -198,6 +202,7 @@ impl GrpcTunnel {
         let spec = DialSpec {
             kind: FrontendKind::Grpc,
             first_on_connection: self.first_on_connection,
+            peer: &self.peer,
             address: &req.address,
             dial_id: req.random,
             request: packet,

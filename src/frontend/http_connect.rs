@@ -69,7 +69,7 @@ fn agent_dial_error_response(error: &str) -> Vec<u8> {
 
 /// Serves one HTTP-CONNECT connection to its end: requests other than CONNECT are answered
 /// with 405 and the connection kept for the next request, as Go's http.Server keeps it.
-pub async fn serve<S>(shared: Arc<Shared>, mut stream: S)
+pub async fn serve<S>(shared: Arc<Shared>, mut stream: S, peer: Arc<str>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
@@ -95,7 +95,7 @@ where
             "Received request for host"
         );
         if head.method == "CONNECT" {
-            ConnectTunnel::new(&shared, head.host)
+            ConnectTunnel::new(&shared, head.host, peer.clone())
                 .run(stream, head.rest)
                 .await;
             break;
@@ -126,6 +126,7 @@ fn dial_error_response(error: DialError) -> Vec<u8> {
             plain_response("503 Service Unavailable", &format!("{error}\r\n"))
         }
         DialError::NoAgent => NO_AGENT.to_vec(),
+        DialError::NotAllowed => plain_response("403 Forbidden", &format!("{error}\r\n")),
         DialError::SendTimedOut => plain_response(
             "504 Gateway Timeout",
             &format!("Failed to tunnel dial request: {error}\r\n"),
@@ -147,6 +148,8 @@ struct ConnectTunnel<'s> {
     queue: FrontendQueue,
     /// The dial target: Go's r.Host, the request-target (authority form), not the Host header.
     address: String,
+    /// Who asked (see [`crate::listen::Accepted::peer`]).
+    peer: Arc<str>,
     dial_id: i64,
     record: TunnelRecord,
 }
@@ -176,7 +179,7 @@ enum DialOutcome {
 }
 
 impl<'s> ConnectTunnel<'s> {
-    fn new(shared: &'s Arc<Shared>, address: String) -> ConnectTunnel<'s> {
+    fn new(shared: &'s Arc<Shared>, address: String, peer: Arc<str>) -> ConnectTunnel<'s> {
         let (link, queue) = shared.tunnel_queue();
         link.without_client_segment();
         link.set_destination(&address);
@@ -187,6 +190,7 @@ impl<'s> ConnectTunnel<'s> {
             link,
             queue,
             address,
+            peer,
             dial_id: fastrand::i64(0..i64::MAX),
             record,
         }
@@ -202,6 +206,7 @@ impl<'s> ConnectTunnel<'s> {
             kind: FrontendKind::HttpConnect,
             // One tunnel per connection, accepted before any drain began.
             first_on_connection: true,
+            peer: &self.peer,
             address: &address,
             dial_id,
             request: dial_request(&address, dial_id),

@@ -41,6 +41,10 @@ pub struct DialMetrics {
     pub dials_waiting_for_agent: IntGauge,
     /// Beyond upstream: dials sent once more because their agent stopped answering, by result.
     dial_retries: IntCounterVec,
+    /// Beyond upstream: dials refused by the destination policy, by the rule that refused.
+    destinations_refused: IntCounterVec,
+    /// The log allowance for refused dials: a frontend can send thousands a second.
+    refusal_log: super::log_limit::ViolationLog,
 }
 
 impl DialMetrics {
@@ -74,7 +78,24 @@ impl DialMetrics {
                 "Dials whose agent stopped answering before it answered them, sent once more to another agent, by result (sent; no_other_agent: none could take it, the dial kept waiting; failed: the second send failed).",
                 &["result"],
             ),
+            destinations_refused: f.counter_vec(
+                "destinations_refused_total",
+                "Dials refused by the destination policy, by the rule that refused them (a --deny-destinations rule as written, or allow-list when no --allow-destinations rule matched).",
+                &["rule"],
+            ),
+            refusal_log: super::log_limit::ViolationLog::new(),
         }
+    }
+
+    /// Counts a dial the destination policy refused. Returns `Some(n)` when it may be
+    /// logged, `n` being the refusals left unlogged since the last line.
+    pub fn destination_refused(&self, rule: &str) -> Option<u64> {
+        self.destinations_refused.with_label_values(&[rule]).inc();
+        self.refusal_log.allow()
+    }
+
+    pub fn destinations_refused(&self, rule: &str) -> u64 {
+        self.destinations_refused.with_label_values(&[rule]).get()
     }
 
     pub fn dial_failure(&self, reason: DialFailure) {

@@ -162,6 +162,21 @@ pub fn alive_tasks() -> usize {
 // ---------------------------------------------------------------------------------------------
 // The server
 
+/// The configuration of the UDS + mTLS basics plus the command-line flags `extra`.
+fn config_with(uds: &std::path::Path, pki: &DevPki, extra: &[&str]) -> Config {
+    let mut args = vec![
+        "konnectivity-server".to_string(),
+        format!("--uds-name={}", uds.display()),
+        "--server-port=0".into(),
+        format!("--cluster-cert={}", pki.server_cert.display()),
+        format!("--cluster-key={}", pki.server_key.display()),
+        format!("--cluster-ca-cert={}", pki.ca_cert.display()),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let options = Options::parse_from_args(&args).expect("test flags parse");
+    Config::from_options(&options).expect("test flags validate")
+}
+
 /// One server on listeners of its own, with a PKI generated in a temporary directory.
 pub struct Harness {
     pub dir: tempfile::TempDir,
@@ -192,17 +207,7 @@ impl Harness {
         let config = if extra.is_empty() {
             Config::for_uds(&uds, &pki.server_cert, &pki.server_key, Some(&pki.ca_cert))
         } else {
-            let mut args = vec![
-                "konnectivity-server".to_string(),
-                format!("--uds-name={}", uds.display()),
-                "--server-port=0".into(),
-                format!("--cluster-cert={}", pki.server_cert.display()),
-                format!("--cluster-key={}", pki.server_key.display()),
-                format!("--cluster-ca-cert={}", pki.ca_cert.display()),
-            ];
-            args.extend(extra.iter().map(|s| s.to_string()));
-            let options = Options::parse_from_args(&args).expect("test flags parse");
-            Config::from_options(&options).expect("test flags validate")
+            config_with(&uds, &pki, extra)
         };
         let server_id = config.server_id.clone();
         let frontend = FrontendListener::Unix(bind_uds(&uds, true).expect("bind the UDS"));
@@ -240,6 +245,15 @@ impl Harness {
 
     pub fn metrics(&self) -> &Metrics {
         self.server.metrics()
+    }
+
+    /// Applies the configuration of `extra` (as [`Harness::start_with`] takes it), as a reload
+    /// does: new dials use it, live tunnels keep going.
+    pub fn reconfigure(&self, extra: &[&str]) {
+        let mut config = config_with(&self.uds, &self.pki, extra);
+        config.server_id = self.server_id.clone();
+        let snapshot = konnectivity_server::Snapshot::build(config).expect("test config loads");
+        self.server.shared.apply(snapshot);
     }
 
     pub fn gauges(&self) -> (i64, i64) {

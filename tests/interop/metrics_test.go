@@ -42,6 +42,7 @@ var ourAdditions = map[string]bool{
 	serverPrefix + "unanswered_agent_retirements_total":    true,
 	serverPrefix + "dial_retries_total":                    true,
 	serverPrefix + "announced_servers":                     true,
+	serverPrefix + "destinations_refused_total":            true,
 	serverPrefix + "allocator_allocated_bytes":             true,
 	serverPrefix + "allocator_active_bytes":                true,
 	serverPrefix + "allocator_resident_bytes":              true,
