@@ -65,15 +65,7 @@ async fn an_emfile_storm_is_logged_once_per_episode_on_every_port() {
         agent_health.local_addr().unwrap(),
         agent_admin.local_addr().unwrap(),
     );
-    let args = [
-        "konnectivity-agent".to_string(),
-        format!("--ca-cert={}", h.pki.ca_cert.display()),
-        format!("--agent-cert={}", h.pki.agent_cert.display()),
-        format!("--agent-key={}", h.pki.agent_key.display()),
-        "--proxy-server-host=127.0.0.1".into(),
-        format!("--proxy-server-port={}", h.agent_addr.port()),
-        "--agent-id=storm".into(),
-    ];
+    let args = h.agent_args("storm");
     let config = AgentConfig::from_options(&AgentOptions::try_parse_from(args).unwrap()).unwrap();
     let running = agent::spawn(
         Snapshot::build(config).unwrap(),

@@ -19,17 +19,11 @@ use tokio::net::TcpListener;
 
 /// Starts our agent against `h`'s agent port; `extra` are more flags.
 async fn start_agent(h: &Harness, id: &str, extra: &[&str]) -> RunningAgent {
-    let mut args = vec![
-        "konnectivity-agent".to_string(),
-        format!("--ca-cert={}", h.pki.ca_cert.display()),
-        format!("--agent-cert={}", h.pki.agent_cert.display()),
-        format!("--agent-key={}", h.pki.agent_key.display()),
-        "--proxy-server-host=127.0.0.1".into(),
-        format!("--proxy-server-port={}", h.agent_addr.port()),
-        format!("--agent-id={id}"),
+    let mut args = h.agent_args(id);
+    args.extend([
         "--sync-interval=100ms".into(),
         "--sync-interval-cap=1s".into(),
-    ];
+    ]);
     args.extend(extra.iter().map(|s| s.to_string()));
     let options = AgentOptions::try_parse_from(&args).expect("agent flags parse");
     let config = AgentConfig::from_options(&options).expect("agent flags validate");

@@ -247,6 +247,19 @@ impl Harness {
         self.server.metrics()
     }
 
+    /// Our agent's command line for connecting to this server over mTLS as `id`.
+    pub fn agent_args(&self, id: &str) -> Vec<String> {
+        vec![
+            "konnectivity-agent".to_string(),
+            format!("--ca-cert={}", self.pki.ca_cert.display()),
+            format!("--agent-cert={}", self.pki.agent_cert.display()),
+            format!("--agent-key={}", self.pki.agent_key.display()),
+            "--proxy-server-host=127.0.0.1".into(),
+            format!("--proxy-server-port={}", self.agent_addr.port()),
+            format!("--agent-id={id}"),
+        ]
+    }
+
     /// Applies the configuration of `extra` (as [`Harness::start_with`] takes it), as a reload
     /// does: new dials use it, live tunnels keep going.
     pub fn reconfigure(&self, extra: &[&str]) {
