@@ -62,6 +62,9 @@ die() { log "FATAL: $*"; FAILS=$((FAILS + 1)); exit 1; }
 [[ $EUID -eq 0 ]] || { echo "nspawn-test.sh: must run as root" >&2; exit 2; }
 trap 'exit 130' INT TERM
 
+# Upstream's test client, run so that it fails only for the tunnel's reasons.
+# shellcheck source=/dev/null
+. "$ROOT/packaging/upstream-test-client.sh"
 # The stages, in order, each in its own file: they share this shell and its variables.
 for part in setup helpers install tunnel reload lifecycle upgrade; do
   # shellcheck source=/dev/null

@@ -29,7 +29,7 @@ if [[ -n "${INTEROP_BIN_DIR:-}" ]]; then
     tunnel_get() { # <request-path> <log name> [request host]: GET through a fresh tunnel; the body must be
       # the success page (proxy-test-client exits 0 on any HTTP status, so the body is checked).
       # Host 127.0.0.1 routes to the upstream agent, localhost to ours (destHost).
-      "$B/proxy-test-client" --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS_HOST" --request-host="${3:-127.0.0.1}" \
+      upstream_test_client --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS_HOST" --request-host="${3:-127.0.0.1}" \
         --request-port="$TEST_SERVER_PORT" --request-path="$1" >"$SCRATCH/host/proxy-test-client-$2.log" 2>&1 \
         && grep -q 'The success test page' "$SCRATCH/host/proxy-test-client-$2.log"
     }

@@ -76,7 +76,7 @@ restart_load() { # <label>: prints "<ok> <failed>"; the request logs stay in $SC
       (
         # The start time goes first in the log, so a failed request can be set beside the journal.
         date '+%H:%M:%S.%6N' >"$out/$i.log"
-        if "$B/proxy-test-client" --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS_HOST" \
+        if upstream_test_client --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS_HOST" \
           --request-host=127.0.0.1 --request-port="$TEST_SERVER_PORT" --request-path=success \
           >>"$out/$i.log" 2>&1 && grep -q 'The success test page' "$out/$i.log"; then
           touch "$out/$i.ok"

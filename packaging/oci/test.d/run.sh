@@ -185,7 +185,7 @@ if [[ -n "$AGENT_KIND" && $HAVE_INTEROP -eq 1 ]]; then
   HOST_PIDS+=($!)
   wait_for 10 code_is 200 "http://127.0.0.1:$TEST_SERVER_PORT/success" || fail "http-test-server did not start"
   tunnel_get() {
-    "$B/proxy-test-client" --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS" \
+    upstream_test_client --mode=grpc --proxy-host= --proxy-port=0 --proxy-uds="$UDS" \
       --request-host=127.0.0.1 --request-port="$TEST_SERVER_PORT" --request-path=success \
       >"$SCRATCH/proxy-test-client.log" 2>&1 && grep -q 'The success test page' "$SCRATCH/proxy-test-client.log"
   }
