@@ -98,7 +98,9 @@ func agentScenarios(upstreamAgent string) []scenarioX {
 	out = append(out,
 		scenarioX{scenario: scenario{"agent_ha_three_servers", func(t *testing.T, e *env) { scAgentHA(t, e, "", "ours") }}, opts: ha},
 		scenarioX{scenario: scenario{"agent_ha_three_servers_upstream_agent", func(t *testing.T, e *env) { scAgentHA(t, e, upstreamAgent, "upstream") }},
-			opts: ha, oursOnly: true})
+			opts: ha, oursOnly: true},
+		// policy_test.go: ours enforces the policy after resolving the name, behind either server.
+		scenarioX{scenario: scenario{"agent_policy_resolved_name", scAgentPolicyName}})
 	return out
 }
 

@@ -17,6 +17,7 @@ import (
 	"hash"
 	"io"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -237,7 +238,12 @@ func runTestClient(t *testing.T, e *env, args ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, e.bins.testClient, args...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, e.bins.testClient, args...)
+	// Its UDS dialer closes the proxy connection on any signal, SIGURG included, which the Go
+	// runtime sends itself to preempt a long-running goroutine: with async preemption off a
+	// busy machine cannot fail the request (see packaging/upstream-test-client.sh).
+	cmd.Env = append(os.Environ(), "GODEBUG=asyncpreemptoff=1")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("proxy-test-client %v failed: %v\n%s", args, err, tailStr(string(out), 20))
 	}

@@ -66,6 +66,7 @@ func allScenarios() []scenarioX {
 	all = append(all, holScenarios()...)        // hol_test.go
 	all = append(all, memoryScenarios()...)     // memory_test.go
 	all = append(all, clientCertScenarios()...) // clientcert_test.go
+	all = append(all, policyScenarios()...)     // policy_test.go
 	return append(all, networkScenarios()...)   // network_test.go
 }
 

@@ -68,6 +68,8 @@ type lcConfig struct {
 	graceful   string
 	// decoyHealthPort goes into the file as health_port; --health-port must override it.
 	decoyHealthPort int
+	// extra is appended to the file as written (policy_test.go).
+	extra string
 }
 
 func baseConfig(e *env, graceful string) lcConfig {
@@ -92,6 +94,7 @@ func (c lcConfig) toml() string {
 	fmt.Fprintf(&b, "cipher_suites = [%s]\n", strings.Join(quoted, ", "))
 	fmt.Fprintf(&b, "v = %d\nwatch_files = false\ngraceful_shutdown_timeout = %q\n", c.v, c.graceful)
 	fmt.Fprintf(&b, "health_port = %d\n", c.decoyHealthPort)
+	b.WriteString(c.extra)
 	return b.String()
 }
 
