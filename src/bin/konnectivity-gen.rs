@@ -24,6 +24,7 @@ use clap_mangen::Man;
 
 use konnectivity_server::agent::AgentOptions;
 use konnectivity_server::config::Options;
+use konnectivity_server::tunnels_cli::TunnelsArgs;
 
 /// Section 8: both programs are daemons that systemd starts, not commands a user runs.
 const PROGRAM_SECTION: &str = "8";
@@ -54,7 +55,8 @@ fn programs() -> [Program; 2] {
         Program {
             name: "konnectivity-server",
             config_page: "konnectivity-server.toml",
-            command: Options::command(),
+            // The `tunnels` command is in the page's synopsis and in the completions.
+            command: Options::command().subcommand(TunnelsArgs::command()),
             reference: include_str!("../../config/server.toml"),
             config_path: "/etc/konnectivity/server.toml",
             env_prefix: "KONNECTIVITY_SERVER_",
