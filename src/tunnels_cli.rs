@@ -328,11 +328,27 @@ mod tests {
             "reader_stalled": false,
         }]);
         let out = table(&json);
-        let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+        let lines: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
         assert_eq!(lines[0], COLUMNS);
         assert_eq!(
             lines[1],
-            ["3", "11", "grpc", "@", "a", "10.0.0.1:443", "established", "1m5s", "5", "6", "0", "no"]
+            [
+                "3",
+                "11",
+                "grpc",
+                "@",
+                "a",
+                "10.0.0.1:443",
+                "established",
+                "1m5s",
+                "5",
+                "6",
+                "0",
+                "no"
+            ]
         );
         assert_eq!(lines[2][6], "closing");
         assert_eq!(lines[2][2], "-");

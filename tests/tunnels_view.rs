@@ -122,7 +122,12 @@ async fn tunnels(h: &Harness, query: &str) -> Vec<Value> {
 }
 
 /// Polls `/tunnels{query}` until `check` holds; returns the list it held for.
-async fn wait_tunnels(h: &Harness, query: &str, what: &str, check: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+async fn wait_tunnels(
+    h: &Harness,
+    query: &str,
+    what: &str,
+    check: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     loop {
         let now = tunnels(h, query).await;
@@ -137,12 +142,24 @@ async fn wait_tunnels(h: &Harness, query: &str, what: &str, check: impl Fn(&[Val
     }
 }
 
+/// A table line's cells: columns are set apart by at least three spaces, and a cell (the
+/// peer: "unix socket") may hold one.
+fn cells(line: &str) -> Vec<&str> {
+    line.split("   ")
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
 /// Runs the real binary; (exit code, stdout, stderr).
 async fn server_command(args: Vec<String>) -> (i32, String, String) {
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(SERVER).args(&args).output()
     });
-    let out = within("konnectivity-server tunnels", out).await.unwrap().unwrap();
+    let out = within("konnectivity-server tunnels", out)
+        .await
+        .unwrap()
+        .unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8(out.stdout).unwrap(),
@@ -190,10 +207,23 @@ async fn a_live_tunnel_is_listed_with_its_bytes_each_way_and_in_the_table() {
     // The command prints it as a table, and the JSON as it is with -o json.
     let (code, stdout, stderr) = server_command(admin_port_args(&h)).await;
     assert_eq!(code, 0, "{stderr}");
-    let lines: Vec<Vec<&str>> = stdout.lines().map(|l| l.split_whitespace().collect()).collect();
+    let lines: Vec<Vec<&str>> = stdout.lines().map(cells).collect();
     assert_eq!(
         lines[0],
-        ["CONN", "DIAL", "FRONTEND", "PEER", "AGENT", "DESTINATION", "STATE", "AGE", "TX", "RX", "QUEUED", "STALLED"],
+        [
+            "CONN",
+            "DIAL",
+            "FRONTEND",
+            "PEER",
+            "AGENT",
+            "DESTINATION",
+            "STATE",
+            "AGE",
+            "TX",
+            "RX",
+            "QUEUED",
+            "STALLED"
+        ],
         "{stdout}"
     );
     assert_eq!(lines.len(), 2, "{stdout}");
@@ -202,10 +232,14 @@ async fn a_live_tunnel_is_listed_with_its_bytes_each_way_and_in_the_table() {
     assert_eq!(row[0], id_text, "{stdout}");
     assert_eq!(row[1], "11");
     assert_eq!(row[2], "grpc");
+    assert_eq!(row[3], listed[0]["frontend"]["peer"].as_str().unwrap());
     assert_eq!(row[4], "rust-agent");
     assert_eq!(row[5], echo_addr);
     assert_eq!(row[6], "established");
-    assert_eq!(&row[8..], [sent_text.as_str(), sent_text.as_str(), "0", "no"]);
+    assert_eq!(
+        &row[8..],
+        [sent_text.as_str(), sent_text.as_str(), "0", "no"]
+    );
     let mut json_args = admin_port_args(&h);
     json_args.extend(["-o".into(), "json".into()]);
     let (code, stdout, _) = server_command(json_args).await;
@@ -253,11 +287,17 @@ async fn a_frontend_that_does_not_read_shows_a_stalled_reader_and_queued_bytes()
 async fn tunnels_are_filtered_by_agent_and_destination() {
     let h = Harness::start_with(&["--proxy-strategies=destHost"]).await;
     let mut a = h
-        .agent_with(&[("agentid", "agent-a"), ("agentidentifiers", "host=a.example")])
+        .agent_with(&[
+            ("agentid", "agent-a"),
+            ("agentidentifiers", "host=a.example"),
+        ])
         .await
         .unwrap();
     let mut b = h
-        .agent_with(&[("agentid", "agent-b"), ("agentidentifiers", "host=b.example")])
+        .agent_with(&[
+            ("agentid", "agent-b"),
+            ("agentidentifiers", "host=b.example"),
+        ])
         .await
         .unwrap();
     h.wait_agents(2).await;
@@ -277,24 +317,46 @@ async fn tunnels_are_filtered_by_agent_and_destination() {
     let only = |list: Vec<Value>| -> Vec<(String, String)> {
         let mut v: Vec<_> = list
             .iter()
-            .map(|t| (t["destination"].as_str().unwrap().to_string(), t["state"].as_str().unwrap().to_string()))
+            .map(|t| {
+                (
+                    t["destination"].as_str().unwrap().to_string(),
+                    t["state"].as_str().unwrap().to_string(),
+                )
+            })
             .collect();
         v.sort();
         v
     };
     let pair = |d: &str, s: &str| (d.to_string(), s.to_string());
-    assert_eq!(only(tunnels(&h, "?agent=agent-a").await), [pair("a.example:443", "established")]);
+    assert_eq!(
+        only(tunnels(&h, "?agent=agent-a").await),
+        [pair("a.example:443", "established")]
+    );
     assert_eq!(
         only(tunnels(&h, "?agent=agent-b").await),
-        [pair("b.example:80", "established"), pair("b.example:8080", "pending")]
+        [
+            pair("b.example:80", "established"),
+            pair("b.example:8080", "pending")
+        ]
     );
-    assert_eq!(only(tunnels(&h, "?destination=b.example:80").await), [pair("b.example:80", "established")]);
+    assert_eq!(
+        only(tunnels(&h, "?destination=b.example:80").await),
+        [pair("b.example:80", "established")]
+    );
     assert_eq!(
         only(tunnels(&h, "?destination=b.example").await),
-        [pair("b.example:80", "established"), pair("b.example:8080", "pending")]
+        [
+            pair("b.example:80", "established"),
+            pair("b.example:8080", "pending")
+        ]
     );
-    assert!(tunnels(&h, "?destination=b.exam").await.is_empty(), "not a substring match");
-    assert!(tunnels(&h, "?agent=agent-a&destination=b.example").await.is_empty());
+    assert!(
+        tunnels(&h, "?destination=b.exam").await.is_empty(),
+        "not a substring match"
+    );
+    assert!(tunnels(&h, "?agent=agent-a&destination=b.example")
+        .await
+        .is_empty());
     let pending = tunnels(&h, "?destination=b.example:8080").await;
     assert_eq!(pending[0]["connection_id"], Value::Null);
     assert_eq!(pending[0]["dial_id"], 3);
@@ -307,12 +369,27 @@ async fn tunnels_are_filtered_by_agent_and_destination() {
     assert_eq!(status, 409, "{body}");
     let (status, body) = http(h.admin_addr, "POST", "/tunnels/100/close?agent=agent-b").await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(b.recv().await, close_req(100), "the agent is asked to close it");
-    assert_eq!(to_b.recv().await, close_rsp(100, ""), "the frontend is told");
+    assert_eq!(
+        b.recv().await,
+        close_req(100),
+        "the agent is asked to close it"
+    );
+    assert_eq!(
+        to_b.recv().await,
+        close_rsp(100, ""),
+        "the frontend is told"
+    );
     b.send(close_rsp(100, "")).await;
-    let left = wait_tunnels(&h, "?agent=agent-b", "agent-b's closed tunnel to go", |t| t.len() == 1).await;
+    let left = wait_tunnels(&h, "?agent=agent-b", "agent-b's closed tunnel to go", |t| {
+        t.len() == 1
+    })
+    .await;
     assert_eq!(left[0]["state"], "pending");
-    assert_eq!(tunnels(&h, "?agent=agent-a").await.len(), 1, "agent-a's tunnel is untouched");
+    assert_eq!(
+        tunnels(&h, "?agent=agent-a").await.len(),
+        1,
+        "agent-a's tunnel is untouched"
+    );
     let (status, _) = http(h.admin_addr, "POST", "/tunnels/100/close?agent=agent-b").await;
     assert_eq!(status, 404);
 }
@@ -334,7 +411,10 @@ async fn a_tunnel_is_closed_on_request_only_when_enabled_and_ends_on_both_sides(
     close_args.extend(["close".into(), connect_id.to_string()]);
     let (code, _, stderr) = server_command(close_args.clone()).await;
     assert_eq!(code, 1);
-    assert!(stderr.contains("403") && stderr.contains("--enable-tunnel-close"), "{stderr}");
+    assert!(
+        stderr.contains("403") && stderr.contains("--enable-tunnel-close"),
+        "{stderr}"
+    );
     assert_eq!(tunnels(&h, "").await.len(), 1, "nothing was closed");
     let (status, _) = http(h.admin_addr, "GET", &path).await;
     assert_eq!(status, 405, "a close is a POST");
@@ -343,7 +423,10 @@ async fn a_tunnel_is_closed_on_request_only_when_enabled_and_ends_on_both_sides(
     h.reconfigure(&["--enable-tunnel-close"]);
     let (code, stdout, stderr) = server_command(close_args).await;
     assert_eq!(code, 0, "{stderr}");
-    assert!(stdout.contains(&format!("closed tunnel {connect_id}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("closed tunnel {connect_id}")),
+        "{stdout}"
+    );
     // The frontend gets its CLOSE_RSP and the stream ends; the agent closes its end.
     let packet = tunnel.recv().await;
     assert!(
@@ -357,7 +440,13 @@ async fn a_tunnel_is_closed_on_request_only_when_enabled_and_ends_on_both_sides(
     )
     .await;
     h.wait_gauges((0, 0)).await;
-    wait_tunnels(&h, "", "an empty list (the agent confirmed the close)", |t| t.is_empty()).await;
+    wait_tunnels(
+        &h,
+        "",
+        "an empty list (the agent confirmed the close)",
+        |t| t.is_empty(),
+    )
+    .await;
     let (status, _) = http(h.admin_addr, "POST", &path).await;
     assert_eq!(status, 404);
     assert_eq!(h.metrics().frontend.queued_bytes.get(), 0);

@@ -170,12 +170,7 @@ pub async fn close(
     };
     let filter = match Filter::parse(query) {
         Ok(filter) if filter.destination.is_none() => filter,
-        _ => {
-            return text(
-                StatusCode::BAD_REQUEST,
-                "closing takes only ?agent=ID\n",
-            )
-        }
+        _ => return text(StatusCode::BAD_REQUEST, "closing takes only ?agent=ID\n"),
     };
     let holders: Vec<_> = shared
         .registry

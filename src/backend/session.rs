@@ -304,7 +304,10 @@ impl AgentSession {
     }
 
     pub fn is_closing(&self, connect_id: i64) -> bool {
-        self.routes().closing.iter().any(|(id, _)| *id == connect_id)
+        self.routes()
+            .closing
+            .iter()
+            .any(|(id, _)| *id == connect_id)
     }
 
     /// The agent confirmed a close we asked for; returns whether we had asked.
