@@ -25,8 +25,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The table's TX is the bytes the frontend sent toward the agent, RX the bytes the frontend
 /// took from the agent; QUEUED is what waits for the frontend, STALLED whether the frontend's
 /// reader took none of it lately.
+///
+/// `konnectivity-server tunnels close ID [--agent AGENT]` closes one established tunnel: its
+/// frontend gets CLOSE_RSP, its agent CLOSE_REQ. The server must run with
+/// --enable-tunnel-close; `--agent` names the agent when several use the connection id.
 #[derive(Parser, Debug, Clone, PartialEq)]
-#[command(name = "tunnels")]
+#[command(name = "tunnels", disable_help_subcommand = true)]
 pub struct TunnelsArgs {
     /// The server's admin address (its --admin-bind-address).
     #[arg(long, default_value = "127.0.0.1", global = true)]
