@@ -30,7 +30,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// frontend gets CLOSE_RSP, its agent CLOSE_REQ. The server must run with
 /// --enable-tunnel-close; `--agent` names the agent when several use the connection id.
 #[derive(Parser, Debug, Clone, PartialEq)]
-#[command(name = "tunnels", disable_help_subcommand = true)]
+#[command(
+    name = "tunnels",
+    bin_name = "konnectivity-server tunnels",
+    disable_help_subcommand = true
+)]
 pub struct TunnelsArgs {
     /// The server's admin address (its --admin-bind-address).
     #[arg(long, default_value = "127.0.0.1", global = true)]
