@@ -43,6 +43,7 @@ pub mod dev;
 pub mod lifecycle;
 mod listen;
 mod server;
+pub mod tunnels_cli;
 
 pub use listen::{BindError, FrontendListener, Inherited, Listeners};
 pub use server::{run, spawn, RunError, RunningServer};

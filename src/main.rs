@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use konnectivity_server::cli::{self, fail};
 use konnectivity_server::config::{layers, Config, Options};
-use konnectivity_server::{dev, lifecycle, Inherited, Listeners, Snapshot};
+use konnectivity_server::{dev, lifecycle, tunnels_cli, Inherited, Listeners, Snapshot};
 
 // jemalloc (see src/allocator.rs): installed by the binary rather than the library, so test
 // binaries can count allocations with an allocator of their own.
@@ -16,6 +16,10 @@ fn main() -> ExitCode {
 }
 
 fn start() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == tunnels_cli::NAME) {
+        return tunnels_cli::main(args);
+    }
     let cli = match cli::parse::<Options>() {
         Ok(cli) => cli,
         Err(code) => return code,

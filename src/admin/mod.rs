@@ -1,6 +1,8 @@
-//! The health port (/healthz, /readyz, /ready, /metrics) and the admin port (/metrics).
+//! The health port (/healthz, /readyz, /ready, /metrics) and the admin port (/metrics,
+//! /agents, /tunnels, profiling).
 
 pub mod profiling;
+pub mod tunnels;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -178,20 +180,43 @@ pub async fn pprof_route(
     }
 }
 
-/// Routes one request. Every method is accepted, as Go's ServeMux does.
-pub async fn route(
-    port: Port,
-    shared: &Shared,
-    path: &str,
-    query: Option<&str>,
-    gzip: bool,
-) -> Response<Full<Bytes>> {
+/// One request as [`route`] reads it.
+pub struct Call<'a> {
+    pub method: &'a http::Method,
+    pub path: &'a str,
+    pub query: Option<&'a str>,
+    pub gzip: bool,
+    /// Who sent it, for the log line of a tunnel closed on request.
+    pub peer: Option<std::net::SocketAddr>,
+}
+
+/// The peer of an HTTP connection, put in each request's extensions by [`serve_http1`].
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
+/// Routes one request. Every method is accepted, as Go's ServeMux does, except by the one
+/// route that changes something (`POST /tunnels/ID/close`).
+pub async fn route(port: Port, shared: &Shared, call: Call<'_>) -> Response<Full<Bytes>> {
+    let Call {
+        method,
+        path,
+        query,
+        gzip,
+        peer,
+    } = call;
     let profiling = port == Port::Admin && shared.snapshot().config.enable_profiling;
     match (port, path) {
         (_, "/metrics") => metrics_response(shared, gzip),
         (Port::Health, "/healthz") => text(StatusCode::OK, "ok"),
         (Port::Health, "/readyz" | "/ready") => readiness(shared),
         (Port::Admin, "/agents") => agents_response(shared),
+        (Port::Admin, "/tunnels") => tunnels::list(shared, query),
+        (Port::Admin, path) if path.starts_with("/tunnels/") => {
+            match path["/tunnels/".len()..].strip_suffix("/close") {
+                Some(id) => tunnels::close(shared, method, id, query, peer).await,
+                None => text(StatusCode::NOT_FOUND, "404 page not found\n"),
+            }
+        }
         (Port::Admin, path) if profiling && path.starts_with("/debug/pprof") => {
             pprof_route(path, query, PPROF_INDEX).await
         }
@@ -221,7 +246,14 @@ pub fn spawn_http(tasks: &TaskTracker, listener: TcpListener, port: Port, shared
                     .iter()
                     .filter_map(|v| v.to_str().ok())
                     .any(accepts_gzip);
-                route(port, &shared, uri.path(), uri.query(), gzip).await
+                let call = Call {
+                    method: req.method(),
+                    path: uri.path(),
+                    query: uri.query(),
+                    gzip,
+                    peer: req.extensions().get::<PeerAddr>().map(|p| p.0),
+                };
+                route(port, &shared, call).await
             }
         },
     );
@@ -244,10 +276,11 @@ pub fn serve_http1<H, F>(
     tasks.spawn(async move {
         let mut acceptor = Acceptor::new(listener, what, Some(MAX_HTTP_CONNECTIONS));
         while let Some(accepted) = acceptor.next(&stop).await {
-            let (stream, slot) = (accepted.io, accepted.slot);
+            let (stream, slot, peer) = (accepted.io, accepted.slot, PeerAddr(accepted.peer));
             let (handler, stop) = (handler.clone(), stop.clone());
             connections.spawn(async move {
-                let service = service_fn(move |req: Request<Incoming>| {
+                let service = service_fn(move |mut req: Request<Incoming>| {
+                    req.extensions_mut().insert(peer);
                     let response = handler(req);
                     async move { Ok::<_, Infallible>(response.await) }
                 });

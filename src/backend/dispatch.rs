@@ -41,6 +41,19 @@ pub async fn close_at_agent(agent: &AgentSession, connect_id: i64) {
     send_to_agent_bounded(agent, close_request(connect_id)).await;
 }
 
+/// Closes one established tunnel on an operator's request (the admin port), as the agent
+/// closing it would for its frontend (a CLOSE_RSP, which ends an HTTP-CONNECT socket), and
+/// asks the agent to close it (CLOSE_REQ). Returns false if it was no longer established.
+pub async fn close_by_operator(agent: &AgentSession, connect_id: i64) -> bool {
+    let Some(entry) = agent.remove_established(connect_id) else {
+        return false;
+    };
+    entry.link.note_end(|| "closed by operator".into());
+    entry.link.deliver(close_response(connect_id, ""));
+    close_at_agent(agent, connect_id).await;
+    true
+}
+
 /// Dispatches one packet received from an agent.
 pub async fn route_from_agent(
     agent: &AgentSession,

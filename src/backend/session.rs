@@ -44,8 +44,8 @@ struct Routes {
     /// Set by teardown: nothing may be added afterwards, so nothing can leak past it.
     closed: bool,
     /// Connections we asked the agent to close and whose CLOSE_RSP has not come yet, oldest
-    /// first; bounded, and gone with the stream.
-    closing: std::collections::VecDeque<i64>,
+    /// first, with when we asked; bounded, and gone with the stream.
+    closing: std::collections::VecDeque<(i64, Instant)>,
 }
 
 /// How many unconfirmed closes a stream remembers.
@@ -71,6 +71,26 @@ pub enum Establish {
         link: Arc<FrontendLink>,
         started: Instant,
     },
+}
+
+/// Where a route is in its life, as `/tunnels` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RouteState {
+    Pending,
+    Established,
+    /// We asked the agent to close it and its CLOSE_RSP has not come yet.
+    Closing,
+}
+
+/// One route of an agent stream, as [`AgentSession::routes_view`] saw it.
+pub struct Route {
+    /// The agent's connect id, once established.
+    pub connect_id: Option<i64>,
+    /// The tunnel's queue; `None` for a closing route, whose frontend side is already gone.
+    pub link: Option<Arc<FrontendLink>>,
+    pub state: RouteState,
+    /// When it entered `state`.
+    pub since: Instant,
 }
 
 /// What a frontend's cleanup found of its own entry.
@@ -274,23 +294,26 @@ impl AgentSession {
     /// Remembers that we asked the agent to close `connect_id`.
     pub fn mark_closing(&self, connect_id: i64) {
         let mut routes = self.routes();
-        if routes.closing.contains(&connect_id) {
+        if routes.closing.iter().any(|(id, _)| *id == connect_id) {
             return;
         }
         if routes.closing.len() >= MAX_CLOSING {
             routes.closing.pop_front();
         }
-        routes.closing.push_back(connect_id);
+        routes.closing.push_back((connect_id, Instant::now()));
     }
 
     pub fn is_closing(&self, connect_id: i64) -> bool {
-        self.routes().closing.contains(&connect_id)
+        self.routes()
+            .closing
+            .iter()
+            .any(|(id, _)| *id == connect_id)
     }
 
     /// The agent confirmed a close we asked for; returns whether we had asked.
     pub fn closing_confirmed(&self, connect_id: i64) -> bool {
         let mut routes = self.routes();
-        match routes.closing.iter().position(|id| *id == connect_id) {
+        match routes.closing.iter().position(|(id, _)| *id == connect_id) {
             Some(i) => {
                 routes.closing.remove(i);
                 true
@@ -306,6 +329,31 @@ impl AgentSession {
             .iter()
             .map(|(id, e)| (*id, e.link.clone()))
             .collect()
+    }
+
+    /// Every route of this stream as it is now, for the admin port's `/tunnels`: one lock, a
+    /// copy of the links (no packet waits on it for longer than the copy).
+    pub fn routes_view(&self) -> Vec<Route> {
+        let routes = self.routes();
+        let pending = routes.pending.values().map(|p| Route {
+            connect_id: None,
+            link: Some(p.link.clone()),
+            state: RouteState::Pending,
+            since: p.started,
+        });
+        let established = routes.established.iter().map(|(id, e)| Route {
+            connect_id: Some(*id),
+            link: Some(e.link.clone()),
+            state: RouteState::Established,
+            since: e.since,
+        });
+        let closing = routes.closing.iter().map(|(id, at)| Route {
+            connect_id: Some(*id),
+            link: None,
+            state: RouteState::Closing,
+            since: *at,
+        });
+        pending.chain(established).chain(closing).collect()
     }
 
     pub fn tunnel(&self, connect_id: i64) -> Option<Arc<FrontendLink>> {

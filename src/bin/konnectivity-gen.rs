@@ -24,6 +24,7 @@ use clap_mangen::Man;
 
 use konnectivity_server::agent::AgentOptions;
 use konnectivity_server::config::Options;
+use konnectivity_server::tunnels_cli::TunnelsArgs;
 
 /// Section 8: both programs are daemons that systemd starts, not commands a user runs.
 const PROGRAM_SECTION: &str = "8";
@@ -54,7 +55,10 @@ fn programs() -> [Program; 2] {
         Program {
             name: "konnectivity-server",
             config_page: "konnectivity-server.toml",
-            command: Options::command(),
+            // The `tunnels` command is in the page's synopsis and in the completions.
+            command: Options::command()
+                .subcommand(TunnelsArgs::command())
+                .disable_help_subcommand(true),
             reference: include_str!("../../config/server.toml"),
             config_path: "/etc/konnectivity/server.toml",
             env_prefix: "KONNECTIVITY_SERVER_",
@@ -132,6 +136,28 @@ fn main() -> Result<()> {
                 .join(format!("{}.{CONFIG_SECTION}", program.config_page)),
             &config_page(&program)?,
         )?;
+        // A page of its own for each command (`konnectivity-server-tunnels(8)`), which the
+        // program's page names under SUBCOMMANDS.
+        for sub in program.command.get_subcommands() {
+            let name = format!("{}-{}", program.name, sub.get_name());
+            let command = sub.clone().display_name(&name).bin_name(format!(
+                "{} {}",
+                program.name,
+                sub.get_name()
+            ));
+            // Its own commands (`close`) are in its description: they have no pages.
+            let page = man(command, &name, PROGRAM_SECTION);
+            let mut buffer = Vec::new();
+            page.render_title(&mut buffer)?;
+            page.render_name_section(&mut buffer)?;
+            page.render_synopsis_section(&mut buffer)?;
+            page.render_description_section(&mut buffer)?;
+            page.render_options_section(&mut buffer)?;
+            write(
+                &out.join("man").join(format!("{name}.{PROGRAM_SECTION}")),
+                &buffer,
+            )?;
+        }
         for (shell, dir, file) in [
             (Shell::Bash, "bash", program.name.to_string()),
             (Shell::Zsh, "zsh", format!("_{}", program.name)),
@@ -175,6 +201,9 @@ fn program_page(p: &Program) -> Result<Vec<u8>> {
     page.render_synopsis_section(&mut out)?;
     page.render_description_section(&mut out)?;
     page.render_options_section(&mut out)?;
+    if p.command.has_subcommands() {
+        page.render_subcommands_section(&mut out)?;
+    }
 
     let mut r = Roff::new();
     r.control("SH", ["CONFIGURATION"]);

@@ -253,6 +253,10 @@ pub struct Options {
     /// Contention profiling; requires --enable-profiling.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub enable_contention_profiling: bool,
+    /// Beyond upstream: let the admin port close one tunnel (POST /tunnels/ID/close); without
+    /// it such a request is refused with 403. Reloadable.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    pub enable_tunnel_close: bool,
 
     // --- lifecycle ---
     /// How long live tunnels may run after SIGTERM before they are closed. 0 closes at once.

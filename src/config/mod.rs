@@ -111,6 +111,8 @@ pub struct Config {
     pub graceful_shutdown_timeout: Duration,
     pub startup_dial_grace: Duration,
     pub enable_profiling: bool,
+    /// The admin port may close a tunnel (`POST /tunnels/ID/close`); read per request.
+    pub enable_tunnel_close: bool,
     /// Agents authenticate with a service-account token (--agent-namespace set).
     pub token_auth: bool,
     pub agent_namespace: String,
@@ -254,6 +256,7 @@ impl Config {
             graceful_shutdown_timeout: options.graceful_shutdown_timeout.to_std(),
             startup_dial_grace: options.startup_dial_grace.to_std(),
             enable_profiling: options.enable_profiling,
+            enable_tunnel_close: options.enable_tunnel_close,
             token_auth: !options.agent_namespace.is_empty(),
             agent_namespace: options.agent_namespace.clone(),
             agent_service_account: options.agent_service_account.clone(),

@@ -14,7 +14,7 @@ use crate::backend::session::{AddPendingError, AgentSession, Released};
 use crate::metrics::{DialFailure, Metrics};
 use crate::proto::Packet;
 use crate::state::Shared;
-use crate::tunnel::FrontendLink;
+use crate::tunnel::{FrontendLink, Origin};
 use crate::wire::{
     dial_close, AGENT_DISCONNECTED_DURING_DIAL, DIAL_TIMEOUT, DUPLICATE_DIAL_ID,
     NO_AGENT_AVAILABLE, SHUTTING_DOWN,
@@ -25,6 +25,16 @@ use crate::wire::{
 pub enum FrontendKind {
     Grpc,
     HttpConnect,
+}
+
+impl FrontendKind {
+    /// The name in log lines and the admin port's `/tunnels`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrontendKind::Grpc => "grpc",
+            FrontendKind::HttpConnect => "http-connect",
+        }
+    }
 }
 
 /// Why a dial request did not reach an agent. Each is counted (or not) here, as upstream
@@ -92,7 +102,7 @@ pub struct DialSpec<'a> {
     /// before the drain began is still served, so a restart fails no request.
     pub first_on_connection: bool,
     /// Who asked, for log lines: the frontend's address, or the Unix socket.
-    pub peer: &'a str,
+    pub peer: &'a Arc<str>,
     pub address: &'a str,
     pub dial_id: i64,
     /// The DIAL_REQ to send, with id `dial_id` for `address`.
@@ -145,6 +155,11 @@ async fn send_dial(
             .await
             .ok_or(DialError::NoAgent)?,
     };
+    link.facts.set_origin(Origin {
+        frontend: spec_kind.as_str(),
+        peer: peer.clone(),
+        dial_id,
+    });
     agent
         .add_pending(dial_id, link.clone())
         .map_err(|e| match e {

@@ -317,7 +317,7 @@ impl GrpcTunnel {
         if agent.send(packet).await.is_err() {
             tracing::error!(err = "agent stream closed", connectionID = connect_id, agentID = %agent.agent_id, "DATA to Backend failed");
         } else {
-            self.record.to_agent += bytes;
+            self.link.facts.add_to_agent(bytes);
         }
     }
 

@@ -336,7 +336,6 @@ impl<'s> ConnectTunnel<'s> {
             link,
             queue,
             address,
-            record,
             ..
         } = self;
         let (host, agent_id, connect_id) = (address.as_str(), ends.agent_id, ends.connect_id);
@@ -367,7 +366,7 @@ impl<'s> ConnectTunnel<'s> {
                 }
             };
             if !early.is_empty() {
-                record.to_agent += send(early).await?;
+                link.facts.add_to_agent(send(early).await?);
             }
             let mut buf = BytesMut::with_capacity(READ_CHUNK);
             loop {
@@ -387,7 +386,7 @@ impl<'s> ConnectTunnel<'s> {
                         tracing::error!(err = %e, host, agentID = agent_id, connectionID = connect_id, "Received failure on connection");
                         return Err("client read failed");
                     }
-                    Ok(_) => record.to_agent += send(buf.split().freeze()).await?,
+                    Ok(_) => link.facts.add_to_agent(send(buf.split().freeze()).await?),
                 }
             }
             #[allow(unreachable_code)]

@@ -24,8 +24,6 @@ pub struct TunnelRecord {
     /// The dial address; empty until the frontend asked for a dial (no line is written then).
     pub destination: String,
     pub agent_id: Option<String>,
-    /// Payload bytes the frontend sent toward the agent.
-    pub to_agent: u64,
 }
 
 impl TunnelRecord {
@@ -35,7 +33,6 @@ impl TunnelRecord {
             started: std::time::Instant::now(),
             destination: String::new(),
             agent_id: None,
-            to_agent: 0,
         }
     }
 
@@ -43,16 +40,13 @@ impl TunnelRecord {
         self.started.elapsed()
     }
 
-    /// Writes the access line; `link` knows the bytes taken toward the client, the connect id
-    /// and the reason noted first (`fallback` when none was).
+    /// Writes the access line; `link` knows the bytes each way, the connect id and the reason
+    /// noted first (`fallback` when none was).
     pub fn log(&self, link: &crate::tunnel::FrontendLink, fallback: &str) {
         if self.destination.is_empty() {
             return;
         }
-        let frontend = match self.kind {
-            dial::FrontendKind::Grpc => "grpc",
-            dial::FrontendKind::HttpConnect => "http-connect",
-        };
+        let frontend = self.kind.as_str();
         let reason = link.end_reason().unwrap_or_else(|| fallback.to_string());
         tracing::info!(
             v = 2,
@@ -60,7 +54,7 @@ impl TunnelRecord {
             agentID = self.agent_id.as_deref().unwrap_or(""),
             dialAddress = %self.destination,
             connectionID = link.connect_id(),
-            bytesToAgent = self.to_agent,
+            bytesToAgent = link.facts.to_agent(),
             bytesFromAgent = link.taken_bytes(),
             duration = %crate::gofmt::GoDuration(self.started.elapsed()),
             reason = %reason,

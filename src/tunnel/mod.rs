@@ -20,6 +20,7 @@ use futures_util::task::AtomicWaker;
 use crate::metrics::{Metrics, Segment};
 use crate::proto::Packet;
 use crate::wire::data_len;
+pub use facts::{Origin, TunnelFacts};
 
 static NEXT_LINK_UID: AtomicU64 = AtomicU64::new(1);
 
@@ -295,6 +296,8 @@ pub struct FrontendLink {
     /// The agent's connect id once established; 0 before. Written under the owning agent
     /// session's route lock, so cleanup and establishment agree on it.
     connect_id: AtomicI64,
+    /// Who opened it, when, and its bytes toward the agent (the admin port's `/tunnels`).
+    pub facts: TunnelFacts,
 }
 
 impl FrontendLink {
@@ -327,6 +330,7 @@ impl FrontendLink {
             uid,
             state: state.clone(),
             connect_id: AtomicI64::new(0),
+            facts: TunnelFacts::new(),
         });
         let queue = FrontendQueue { state };
         (link, queue)
@@ -591,5 +595,6 @@ impl futures_util::Stream for FrontendQueue {
     }
 }
 
+mod facts;
 #[cfg(test)]
 mod tests;
