@@ -168,8 +168,14 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         "agent",
     );
 
-    let listeners_of_frontends = std::iter::once(listeners.frontend).chain(listeners.more_frontends);
-    for (index, (frontend, listener)) in config.frontends.iter().zip(listeners_of_frontends).enumerate() {
+    let listeners_of_frontends =
+        std::iter::once(listeners.frontend).chain(listeners.more_frontends);
+    for (index, (frontend, listener)) in config
+        .frontends
+        .iter()
+        .zip(listeners_of_frontends)
+        .enumerate()
+    {
         let serving = ServedFrontend {
             index,
             name: Arc::from(frontend.name.as_str()),
@@ -181,7 +187,9 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
             .accepted_connections
             .with_label_values(&[&frontend.name]);
         match frontend.mode {
-            Mode::Grpc => spawn_grpc_frontend(&shared, &servers, serving, listener, &accept_stop, &config),
+            Mode::Grpc => {
+                spawn_grpc_frontend(&shared, &servers, serving, listener, &accept_stop, &config)
+            }
             Mode::HttpConnect => {
                 spawn_http_connect_frontend(&shared, &servers, serving, listener, &accept_stop)
             }
@@ -241,7 +249,9 @@ struct ServedFrontend {
 
 impl ServedFrontend {
     /// Its TLS configuration in the current snapshot, for each handshake.
-    fn current_tls(&self) -> impl Fn(&Snapshot) -> Option<Arc<rustls::ServerConfig>> + Send + 'static {
+    fn current_tls(
+        &self,
+    ) -> impl Fn(&Snapshot) -> Option<Arc<rustls::ServerConfig>> + Send + 'static {
         let index = self.index;
         move |snapshot: &Snapshot| snapshot.frontend_tls.get(index).cloned().flatten()
     }

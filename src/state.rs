@@ -25,7 +25,7 @@ pub enum SnapshotError {
     AgentTls(TlsError),
     /// `name` is the frontend's: `frontend` for the flags' one.
     #[error("failed to load the {name}'s TLS configuration: {cause}")]
-    FrontendTls { name: String, cause: TlsError },
+    FrontendTls { name: String, cause: Box<TlsError> },
 }
 
 /// Everything that can change on a reload, swapped as a whole.
@@ -49,7 +49,9 @@ fn frontend_tls(
     let (Some(cert), Some(key)) = (&frontend.cert, &frontend.key) else {
         return Err(SnapshotError::FrontendTls {
             name: frontend.name.clone(),
-            cause: TlsError::Missing("a TCP frontend (--server-cert, --server-key)"),
+            cause: Box::new(TlsError::Missing(
+                "a TCP frontend (--server-cert, --server-key)",
+            )),
         });
     };
     let files = TlsFiles {
@@ -65,7 +67,7 @@ fn frontend_tls(
         .map(Some)
         .map_err(|cause| SnapshotError::FrontendTls {
             name: frontend.name.clone(),
-            cause,
+            cause: Box::new(cause),
         })
 }
 

@@ -249,7 +249,11 @@ fn grpc_on_a_unix_socket_and_http_connect_over_mtls_in_one_process() {
     }
 
     // Each frontend counted its own connection and named itself in its tunnel's access line.
-    let metrics = || http_get(admin_port, "/metrics").map(|(_, body)| body).unwrap_or_default();
+    let metrics = || {
+        http_get(admin_port, "/metrics")
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    };
     let family = "konnectivity_network_proxy_server_frontend_accepted_connections_total";
     for name in ["frontend", "mtls"] {
         let series = format!("{family}{{frontend=\"{name}\"}} 1");
@@ -268,4 +272,152 @@ fn grpc_on_a_unix_socket_and_http_connect_over_mtls_in_one_process() {
             || server.output(),
         );
     }
+}
+
+/// The flags of a server with a UDS frontend and its other ports on loopback, its config file
+/// `file` (TOML) written to `dir`.
+fn server_args(dir: &Path, pki: &DevPki, file: &str) -> (Vec<String>, u16) {
+    let config = dir.join("server.toml");
+    std::fs::write(&config, file).unwrap();
+    let health = free_port();
+    let args = vec![
+        format!("--config={}", config.display()),
+        "--mode=http-connect".into(),
+        format!("--uds-name={}", dir.join("konn.sock").display()),
+        "--server-port=0".into(),
+        format!("--cluster-cert={}", pki.server_cert.display()),
+        format!("--cluster-key={}", pki.server_key.display()),
+        format!("--cluster-ca-cert={}", pki.ca_cert.display()),
+        "--agent-bind-address=127.0.0.1".into(),
+        format!("--agent-port={}", free_port()),
+        "--health-bind-address=127.0.0.1".into(),
+        format!("--health-port={health}"),
+        "--admin-bind-address=127.0.0.1".into(),
+        format!("--admin-port={}", free_port()),
+        "--watch-files=false".into(),
+    ];
+    (args, health)
+}
+
+/// A CONNECT on the Unix socket `path`, answered (no agent) and closed by the server.
+fn connect_answer(path: &Path) -> String {
+    let mut conn = std::os::unix::net::UnixStream::connect(path).unwrap();
+    conn.set_read_timeout(Some(WAIT)).unwrap();
+    conn.write_all(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+const NO_AGENT: &str = "No agent available";
+
+#[test]
+fn each_frontend_takes_the_socket_systemd_passed_under_its_name() {
+    let tool = "systemd-socket-activate";
+    if Command::new(tool).arg("--version").output().is_err() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{tool} is missing (Debian package systemd); CI must have it"
+        );
+        eprintln!("SKIPPED: {tool} is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let first = dir.path().join("konn.sock");
+    let tools = dir.path().join("tools.sock");
+    let (args, health) = server_args(
+        dir.path(),
+        &pki,
+        &format!(
+            "[[frontend]]\nname = \"tools\"\nmode = \"http-connect\"\nuds_name = \"{}\"\n",
+            tools.display()
+        ),
+    );
+    // Passed in the other order than configured: each is found by its name.
+    let mut server = Proc::start(
+        "konnectivity-server",
+        dir.path(),
+        Command::new(tool)
+            .arg(format!("--listen={}", tools.display()))
+            .arg(format!("--listen={}", first.display()))
+            .arg("--fdname=tools:frontend")
+            .arg(BIN)
+            .args(&args),
+    );
+    eventually(
+        "both sockets bound by systemd-socket-activate",
+        || first.exists() && tools.exists(),
+        || server.output(),
+    );
+    for path in [&first, &tools] {
+        let answer = connect_answer(path);
+        assert!(answer.ends_with(NO_AGENT), "{}: {answer}", path.display());
+    }
+    server.alive();
+    assert_eq!(http_get(health, "/healthz").map(|r| r.0), Some(200));
+    let log = server.output();
+    for name in ["frontend", "tools"] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("using the socket passed by systemd")
+                    && l.contains(&format!("listener=\"{name}\""))),
+            "{name}: {log}"
+        );
+    }
+    assert!(!log.contains("matches no listener"), "{log}");
+}
+
+#[test]
+fn a_reload_that_changes_the_frontends_keeps_the_running_ones_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, _) = DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let second = dir.path().join("second.sock");
+    let (args, health) = server_args(dir.path(), &pki, "");
+    let mut server = Proc::start(
+        "konnectivity-server",
+        dir.path(),
+        Command::new(BIN).args(&args).env_remove("RUST_LOG"),
+    );
+    let server_log = server.log.clone();
+    eventually(
+        "the health port",
+        || {
+            server.alive();
+            http_get(health, "/healthz").is_some()
+        },
+        || std::fs::read_to_string(&server_log).unwrap_or_default(),
+    );
+    std::fs::write(
+        dir.path().join("server.toml"),
+        format!(
+            "[[frontend]]\nmode = \"grpc\"\nuds_name = \"{}\"\n",
+            second.display()
+        ),
+    )
+    .unwrap();
+    let status = Command::new("kill")
+        .args(["-HUP", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    eventually(
+        "the reload",
+        || server.output().contains("\"configuration reloaded\""),
+        || server.output(),
+    );
+    let log = server.output();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("needs a restart; keeping the running value")
+                && l.contains("setting=\"frontends\"")),
+        "{log}"
+    );
+    assert!(!second.exists(), "a reload binds no new frontend");
+    let answer = connect_answer(&dir.path().join("konn.sock"));
+    assert!(
+        answer.ends_with(NO_AGENT),
+        "the first still serves: {answer}"
+    );
 }

@@ -283,7 +283,8 @@ mod tests {
     /// A file's settings over the flags' UDS frontend (the agent port's files are not read
     /// by validation).
     fn config(file: &str) -> Result<Config, ValidationError> {
-        let text = format!("uds_name = \"/run/k/first.sock\"\nserver_port = 0\n{file}");
+        let text =
+            format!("uds_name = \"/run/k/first.sock\"\nserver_port = 0\nserver_id = \"s\"\n{file}");
         let options: Options = toml::from_str(&text).unwrap();
         Config::from_options(&options)
     }
@@ -411,7 +412,10 @@ mod tests {
             "frontend[0].mode: mode must be set to either 'grpc' or 'http-connect' not \"tcp\""
         );
         let missing = toml::from_str::<Options>("[[frontend]]\nuds_name = \"/x\"\n").unwrap_err();
-        assert!(missing.to_string().contains("missing field `mode`"), "{missing}");
+        assert!(
+            missing.to_string().contains("missing field `mode`"),
+            "{missing}"
+        );
     }
 
     #[test]
