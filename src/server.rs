@@ -40,6 +40,8 @@ pub enum RunError {
     Bind(#[from] BindError),
     #[error("failed to register the signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("the configuration names {configured} frontends, but {given} listeners were given")]
+    FrontendListeners { configured: usize, given: usize },
 }
 
 fn grpc_server(keepalive: Duration) -> tonic::transport::Server {
@@ -124,6 +126,14 @@ fn warn_about_exposure(config: &Config) {
 
 /// Starts serving on `listeners` and returns at once.
 pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunError> {
+    let given = 1 + listeners.more_frontends.len();
+    let (Some(first), true) = (config.frontends.first(), config.frontends.len() == given) else {
+        return Err(RunError::FrontendListeners {
+            configured: config.frontends.len(),
+            given,
+        });
+    };
+    let first_mode = first.mode;
     warn_about_exposure(&config);
     let snapshot = Snapshot::build(config)?;
     let config = snapshot.config.clone();
@@ -229,7 +239,7 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         .map(|f| format!("{}={}", f.name, f.mode.name()))
         .collect::<Vec<_>>()
         .join(",");
-    tracing::info!(server_id = %config.server_id, mode = ?config.frontends.first().map(|f| f.mode), frontends, "konnectivity-server is serving");
+    tracing::info!(server_id = %config.server_id, mode = ?first_mode, frontends, "konnectivity-server is serving");
     Ok(RunningServer {
         shared,
         accept_stop,
