@@ -65,7 +65,7 @@ func bothFrontendsConfig(e *env) string {
 		cs.serverCert, cs.serverKey, cs.ca, e.secondFrontendPort, cs.serverCert, cs.serverKey, cs.ca)
 }
 
-// scBothFrontends: the grpc_uds row's client and the http_connect_tcp_mtls row's client at
+// scBothFrontends: single_request's client (gRPC, UDS) and http_connect_tcp_mtls's client at
 // once, against one server process serving both frontends.
 func scBothFrontends(t *testing.T, e *env) {
 	e.withAgent("a1", "")
