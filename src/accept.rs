@@ -85,11 +85,15 @@ impl<L: Listener> Acceptor<L> {
     /// `what` names the port in logs; `max_in_progress` bounds the accepted connections whose
     /// slot is held (None: unbounded). Past the bound the port stops accepting, and new
     /// connections wait in the kernel's backlog.
-    pub fn new(listener: L, what: &'static str, max_in_progress: Option<usize>) -> Acceptor<L> {
+    pub fn new(
+        listener: L,
+        what: impl Into<Arc<str>>,
+        max_in_progress: Option<usize>,
+    ) -> Acceptor<L> {
         Acceptor {
             listener,
             slots: max_in_progress.map(|n| Arc::new(Semaphore::new(n))),
-            backoff: Backoff::new(what),
+            backoff: Backoff::new(what.into()),
         }
     }
 
@@ -129,13 +133,13 @@ impl<L: Listener> Acceptor<L> {
 
 /// Exponential back-off for a port whose accepts fail, logged once per episode.
 struct Backoff {
-    what: &'static str,
+    what: Arc<str>,
     delay: Option<Duration>,
     failures: u64,
 }
 
 impl Backoff {
-    fn new(what: &'static str) -> Backoff {
+    fn new(what: Arc<str>) -> Backoff {
         Backoff {
             what,
             delay: None,
@@ -146,11 +150,11 @@ impl Backoff {
     async fn failed(&mut self, error: io::Error) {
         let delay = match self.delay {
             None => {
-                tracing::warn!(listener = self.what, %error, "accept failed; backing off (logged once until accepting works again)");
+                tracing::warn!(listener = &*self.what, %error, "accept failed; backing off (logged once until accepting works again)");
                 BACKOFF_MIN
             }
             Some(d) => {
-                tracing::debug!(listener = self.what, %error, "accept failed again");
+                tracing::debug!(listener = &*self.what, %error, "accept failed again");
                 (d * 2).min(BACKOFF_MAX)
             }
         };
@@ -162,7 +166,7 @@ impl Backoff {
     fn succeeded(&mut self) {
         if self.delay.take().is_some() {
             tracing::info!(
-                listener = self.what,
+                listener = &*self.what,
                 failures = self.failures,
                 "accepting again after failures"
             );
@@ -177,7 +181,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn backoff_doubles_to_a_second_and_resets() {
-        let mut backoff = Backoff::new("test");
+        let mut backoff = Backoff::new("test".into());
         let mut delays = Vec::new();
         for _ in 0..10 {
             let before = tokio::time::Instant::now();

@@ -17,7 +17,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
 use crate::accept::Acceptor;
-use crate::config::{Config, FrontendAddr};
+use crate::config::{Config, Frontend, FrontendAddr};
 use crate::state::{Shared, Snapshot};
 
 /// How long a TLS handshake may take before the connection is dropped.
@@ -31,7 +31,7 @@ const MAX_CONCURRENT_HANDSHAKES: usize = 256;
 // The cause is in the message and not a `#[source]`, so `{:#}` does not print it twice.
 #[error("failed to listen on {what} {addr}: {reason}")]
 pub struct BindError {
-    what: &'static str,
+    what: String,
     addr: String,
     reason: std::io::Error,
 }
@@ -44,18 +44,22 @@ pub enum FrontendListener {
 
 /// Sockets the server serves on. Tests bind their own (any port) and pass them in.
 pub struct Listeners {
+    /// The first frontend's (`Config::frontends[0]`, the flags' one).
     pub frontend: FrontendListener,
+    /// The other frontends', in the order of `Config::frontends[1..]`.
+    pub more_frontends: Vec<FrontendListener>,
     pub agent: TcpListener,
     pub health: TcpListener,
     pub admin: TcpListener,
-    /// A socket file this process created, removed when the server stops (upstream removes
-    /// its socket too). `None` for a socket systemd passed: systemd owns that file.
-    pub owned_uds: Option<PathBuf>,
+    /// Socket files this process created, removed when the server stops (upstream removes
+    /// its socket too). Not a socket systemd passed: systemd owns that file.
+    pub owned_uds: Vec<PathBuf>,
 }
 
 /// Listening sockets systemd passed to this process (socket activation: `LISTEN_FDS`, named by
-/// `LISTEN_FDNAMES`). Each is matched to a configured listener by its name (`frontend`,
-/// `agent`, `health`, `admin`: the socket unit's `FileDescriptorName=`) or by its address.
+/// `LISTEN_FDNAMES`). Each is matched to a configured listener by its name (`frontend` for the
+/// first frontend and each other frontend's own name, `agent`, `health`, `admin`: the socket
+/// unit's `FileDescriptorName=`) or by its address.
 pub struct Inherited {
     sockets: Vec<(socket2::Socket, String)>,
 }
@@ -72,7 +76,7 @@ impl Inherited {
     #[allow(unsafe_code)] // a documented site: see the SAFETY note
     pub fn from_systemd() -> Result<Inherited, BindError> {
         let passed = sd_notify::listen_fds_with_names().map_err(|reason| BindError {
-            what: "the sockets passed by systemd",
+            what: "the sockets passed by systemd".into(),
             addr: "(LISTEN_FDS)".into(),
             reason,
         })?;
@@ -145,22 +149,22 @@ impl Inherited {
 }
 
 fn tokio_tcp(
-    what: &'static str,
+    what: &str,
     addr: SocketAddr,
     std: std::net::TcpListener,
 ) -> Result<TcpListener, BindError> {
     std.set_nonblocking(true)
         .and_then(|()| TcpListener::from_std(std))
         .map_err(|reason| BindError {
-            what,
+            what: what.to_string(),
             addr: addr.to_string(),
             reason,
         })
 }
 
-async fn bind_tcp(what: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+async fn bind_tcp(what: &str, addr: SocketAddr) -> Result<TcpListener, BindError> {
     TcpListener::bind(addr).await.map_err(|reason| BindError {
-        what,
+        what: what.to_string(),
         addr: addr.to_string(),
         reason,
     })
@@ -169,9 +173,17 @@ async fn bind_tcp(what: &'static str, addr: SocketAddr) -> Result<TcpListener, B
 /// Binds a Unix socket with mode 0770 (upstream's umask 0007), removing a stale file first
 /// when asked to.
 pub fn bind_uds(path: &Path, delete_existing: bool) -> Result<UnixListener, BindError> {
+    bind_named_uds("the frontend socket", path, delete_existing)
+}
+
+fn bind_named_uds(
+    what: &str,
+    path: &Path,
+    delete_existing: bool,
+) -> Result<UnixListener, BindError> {
     use std::os::unix::fs::PermissionsExt;
     let bind_error = |reason| BindError {
-        what: "the frontend socket",
+        what: what.to_string(),
         addr: path.display().to_string(),
         reason,
     };
@@ -201,37 +213,20 @@ impl Listeners {
         config: &Config,
         mut inherited: Inherited,
     ) -> Result<Listeners, BindError> {
-        let mut owned_uds = None;
-        let frontend = match &config.frontend_addr {
-            FrontendAddr::Uds {
-                path,
-                delete_existing,
-            } => match inherited.take_unix("frontend", path) {
-                Some(std) => {
-                    let what = "the frontend socket";
-                    let listener = std
-                        .set_nonblocking(true)
-                        .and_then(|()| UnixListener::from_std(std))
-                        .map_err(|reason| BindError {
-                            what,
-                            addr: path.display().to_string(),
-                            reason,
-                        })?;
-                    FrontendListener::Unix(listener)
-                }
-                None => {
-                    let listener = bind_uds(path, *delete_existing)?;
-                    owned_uds = Some(path.clone());
-                    FrontendListener::Unix(listener)
-                }
-            },
-            FrontendAddr::Tcp(addr) => {
-                let what = "the frontend port";
-                FrontendListener::Tcp(match inherited.take_tcp("frontend", *addr) {
-                    Some(std) => tokio_tcp(what, *addr, std)?,
-                    None => bind_tcp(what, *addr).await?,
-                })
-            }
+        let mut owned_uds = Vec::new();
+        let mut frontends = Vec::with_capacity(config.frontends.len());
+        for frontend in &config.frontends {
+            let (listener, owned) = bind_frontend(frontend, &mut inherited).await?;
+            frontends.push(listener);
+            owned_uds.extend(owned);
+        }
+        let mut frontends = frontends.into_iter();
+        let Some(frontend) = frontends.next() else {
+            return Err(BindError {
+                what: "a frontend".into(),
+                addr: String::new(),
+                reason: std::io::Error::other("the configuration names none"),
+            });
         };
         let mut tcp = |name: &'static str, what: &'static str, addr: SocketAddr| {
             inherited
@@ -256,12 +251,51 @@ impl Listeners {
         };
         Ok(Listeners {
             frontend,
+            more_frontends: frontends.collect(),
             agent,
             health,
             admin,
             owned_uds,
         })
     }
+}
+
+/// One frontend's listener: the socket systemd passed under its name (or at its address), or
+/// bound here; and the socket file to remove at stop when bound here.
+async fn bind_frontend(
+    frontend: &Frontend,
+    inherited: &mut Inherited,
+) -> Result<(FrontendListener, Option<PathBuf>), BindError> {
+    let what = frontend.what();
+    Ok(match &frontend.addr {
+        FrontendAddr::Uds {
+            path,
+            delete_existing,
+        } => match inherited.take_unix(&frontend.name, path) {
+            Some(std) => {
+                let listener = std
+                    .set_nonblocking(true)
+                    .and_then(|()| UnixListener::from_std(std))
+                    .map_err(|reason| BindError {
+                        what,
+                        addr: path.display().to_string(),
+                        reason,
+                    })?;
+                (FrontendListener::Unix(listener), None)
+            }
+            None => {
+                let listener = bind_named_uds(&what, path, *delete_existing)?;
+                (FrontendListener::Unix(listener), Some(path.clone()))
+            }
+        },
+        FrontendAddr::Tcp(addr) => {
+            let listener = match inherited.take_tcp(&frontend.name, *addr) {
+                Some(std) => tokio_tcp(&what, *addr, std)?,
+                None => bind_tcp(&what, *addr).await?,
+            };
+            (FrontendListener::Tcp(listener), None)
+        }
+    })
 }
 
 /// An accepted connection and, on a frontend, its token in [`Shared::accepted_connections`]:
@@ -278,14 +312,15 @@ pub struct Accepted<IO> {
 /// current at accept time; established sessions keep theirs. `holds`: see [`Accepted`].
 pub fn spawn_tls_acceptor(
     shared: &Arc<Shared>,
-    what: &'static str,
+    what: impl Into<Arc<str>>,
     listener: TcpListener,
-    current_tls: fn(&Snapshot) -> Option<Arc<rustls::ServerConfig>>,
+    current_tls: impl Fn(&Snapshot) -> Option<Arc<rustls::ServerConfig>> + Send + 'static,
     holds: Option<TaskTracker>,
     stop: CancellationToken,
 ) -> ReceiverStream<Accepted<tokio_rustls::server::TlsStream<TcpStream>>> {
     let (tx, rx) = mpsc::channel(64);
     let shared = shared.clone();
+    let what = what.into();
     tokio::spawn(async move {
         let mut acceptor = Acceptor::new(listener, what, Some(MAX_CONCURRENT_HANDSHAKES));
         loop {
@@ -335,14 +370,16 @@ static UNNAMED_UNIX_PEER: std::sync::LazyLock<Arc<str>> =
 /// [`Accepted`]).
 pub fn spawn_uds_acceptor(
     shared: &Arc<Shared>,
+    what: impl Into<Arc<str>>,
     listener: UnixListener,
     holds: TaskTracker,
     stop: CancellationToken,
 ) -> ReceiverStream<Accepted<tokio::net::UnixStream>> {
     let (tx, rx) = mpsc::channel(64);
     let shared = shared.clone();
+    let what = what.into();
     tokio::spawn(async move {
-        let mut acceptor = Acceptor::new(listener, "the frontend socket", None);
+        let mut acceptor = Acceptor::new(listener, what, None);
         loop {
             // Taken before the accept: see spawn_tls_acceptor.
             let hold = Some(holds.token());

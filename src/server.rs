@@ -40,6 +40,8 @@ pub enum RunError {
     Bind(#[from] BindError),
     #[error("failed to register the signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("the configuration names {configured} frontends, but {given} listeners were given")]
+    FrontendListeners { configured: usize, given: usize },
 }
 
 fn grpc_server(keepalive: Duration) -> tonic::transport::Server {
@@ -61,8 +63,8 @@ pub struct RunningServer {
     pub shared: Arc<Shared>,
     accept_stop: CancellationToken,
     servers: TaskTracker,
-    /// The socket file to remove once stopped (see [`Listeners::owned_uds`]).
-    owned_uds: Option<std::path::PathBuf>,
+    /// The socket files to remove once stopped (see [`Listeners::owned_uds`]).
+    owned_uds: Vec<std::path::PathBuf>,
 }
 
 impl RunningServer {
@@ -95,7 +97,7 @@ impl RunningServer {
         }
         // A socket file left behind would make the next start fail with "address in use"
         // unless --delete-existing-uds-file is set; upstream removes it too.
-        if let Some(path) = &self.owned_uds {
+        for path in &self.owned_uds {
             if let Err(e) = std::fs::remove_file(path) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(path = %path.display(), error = %e, "could not remove the socket file");
@@ -124,6 +126,14 @@ fn warn_about_exposure(config: &Config) {
 
 /// Starts serving on `listeners` and returns at once.
 pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunError> {
+    let given = 1 + listeners.more_frontends.len();
+    let (Some(first), true) = (config.frontends.first(), config.frontends.len() == given) else {
+        return Err(RunError::FrontendListeners {
+            configured: config.frontends.len(),
+            given,
+        });
+    };
+    let first_mode = first.mode;
     warn_about_exposure(&config);
     let snapshot = Snapshot::build(config)?;
     let config = snapshot.config.clone();
@@ -168,12 +178,31 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         "agent",
     );
 
-    match config.mode {
-        Mode::Grpc => {
-            spawn_grpc_frontend(&shared, &servers, listeners.frontend, &accept_stop, &config)
-        }
-        Mode::HttpConnect => {
-            spawn_http_connect_frontend(&shared, &servers, listeners.frontend, &accept_stop)
+    let listeners_of_frontends =
+        std::iter::once(listeners.frontend).chain(listeners.more_frontends);
+    for (index, (frontend, listener)) in config
+        .frontends
+        .iter()
+        .zip(listeners_of_frontends)
+        .enumerate()
+    {
+        let serving = ServedFrontend {
+            index,
+            name: Arc::from(frontend.name.as_str()),
+            what: Arc::from(frontend.what()),
+        };
+        shared
+            .metrics
+            .frontend
+            .accepted_connections
+            .with_label_values(&[&frontend.name]);
+        match frontend.mode {
+            Mode::Grpc => {
+                spawn_grpc_frontend(&shared, &servers, serving, listener, &accept_stop, &config)
+            }
+            Mode::HttpConnect => {
+                spawn_http_connect_frontend(&shared, &servers, serving, listener, &accept_stop)
+            }
         }
     }
     if let (Some(kube), true) = (&kube, config.enable_lease_controller) {
@@ -204,7 +233,13 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
         crate::admin::Port::Admin,
         shared.clone(),
     );
-    tracing::info!(server_id = %config.server_id, mode = ?config.mode, "konnectivity-server is serving");
+    let frontends = config
+        .frontends
+        .iter()
+        .map(|f| format!("{}={}", f.name, f.mode.name()))
+        .collect::<Vec<_>>()
+        .join(",");
+    tracing::info!(server_id = %config.server_id, mode = ?first_mode, frontends, "konnectivity-server is serving");
     Ok(RunningServer {
         shared,
         accept_stop,
@@ -213,28 +248,63 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
     })
 }
 
-/// The frontend's TLS configuration in a snapshot (present for a TCP frontend).
-fn frontend_tls(snapshot: &Snapshot) -> Option<Arc<rustls::ServerConfig>> {
-    snapshot.frontend_tls.clone()
+/// One frontend as its acceptor and its serving tasks know it.
+struct ServedFrontend {
+    /// Its place in `Config::frontends` and `Snapshot::frontend_tls`.
+    index: usize,
+    name: Arc<str>,
+    /// How its listener is named in logs.
+    what: Arc<str>,
 }
 
-/// Serves HTTP-CONNECT on the frontend listener: one task per connection, tracked for drain.
+impl ServedFrontend {
+    /// Its TLS configuration in the current snapshot, for each handshake.
+    fn current_tls(
+        &self,
+    ) -> impl Fn(&Snapshot) -> Option<Arc<rustls::ServerConfig>> + Send + 'static {
+        let index = self.index;
+        move |snapshot: &Snapshot| snapshot.frontend_tls.get(index).cloned().flatten()
+    }
+
+    /// Counts each connection its acceptor hands on.
+    fn counted<IO>(
+        &self,
+        shared: &Shared,
+        incoming: ReceiverStream<Accepted<IO>>,
+    ) -> impl futures_util::Stream<Item = Accepted<IO>> + Send + 'static
+    where
+        IO: Send + 'static,
+    {
+        let accepted = shared
+            .metrics
+            .frontend
+            .accepted_connections
+            .with_label_values(&[&self.name]);
+        incoming.inspect(move |_| accepted.inc())
+    }
+}
+
+/// Serves HTTP-CONNECT on a frontend listener: one task per connection, tracked for drain.
 fn spawn_http_connect_frontend(
     shared: &Arc<Shared>,
     servers: &TaskTracker,
+    frontend: ServedFrontend,
     listener: FrontendListener,
     accept_stop: &CancellationToken,
 ) {
     fn serve_all<S>(
         shared: Arc<Shared>,
         servers: &TaskTracker,
-        mut incoming: ReceiverStream<Accepted<S>>,
+        name: Arc<str>,
+        incoming: impl futures_util::Stream<Item = Accepted<S>> + Send + 'static,
     ) where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         servers.spawn(async move {
+            let mut incoming = std::pin::pin!(incoming);
             while let Some(Accepted { io, hold, peer }) = incoming.next().await {
-                let serve = crate::frontend::http_connect::serve(shared.clone(), io, peer);
+                let serve =
+                    crate::frontend::http_connect::serve(shared.clone(), io, peer, name.clone());
                 // The connection's drain token lives as long as it is served: its one CONNECT
                 // is its first request.
                 shared.tasks.spawn(async move {
@@ -246,58 +316,61 @@ fn spawn_http_connect_frontend(
     }
     let stop = accept_stop.clone();
     let holds = shared.accepted_connections();
+    let what = frontend.what.clone();
     match listener {
-        FrontendListener::Unix(listener) => serve_all(
-            shared.clone(),
-            servers,
-            spawn_uds_acceptor(shared, listener, holds, stop),
-        ),
+        FrontendListener::Unix(listener) => {
+            let incoming = spawn_uds_acceptor(shared, what, listener, holds, stop);
+            let incoming = frontend.counted(shared, incoming);
+            serve_all(shared.clone(), servers, frontend.name, incoming)
+        }
         FrontendListener::Tcp(listener) => {
-            let what = "the frontend port";
-            let incoming =
-                spawn_tls_acceptor(shared, what, listener, frontend_tls, Some(holds), stop);
-            serve_all(shared.clone(), servers, incoming)
+            let tls = frontend.current_tls();
+            let incoming = spawn_tls_acceptor(shared, what, listener, tls, Some(holds), stop);
+            let incoming = frontend.counted(shared, incoming);
+            serve_all(shared.clone(), servers, frontend.name, incoming)
         }
     }
 }
 
-/// Serves `/ProxyService/Proxy` on the frontend listener.
+/// Serves `/ProxyService/Proxy` on a frontend listener.
 fn spawn_grpc_frontend(
     shared: &Arc<Shared>,
     servers: &TaskTracker,
+    frontend: ServedFrontend,
     listener: FrontendListener,
     accept_stop: &CancellationToken,
     config: &Config,
 ) {
     let proxy_service = ProxyServiceServer::new(ProxyFrontend {
         shared: shared.clone(),
+        name: frontend.name.clone(),
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let frontend_server = grpc_server(config.frontend_keepalive_time).add_service(proxy_service);
     let hard_stop = shared.hard_stop.clone();
     let stop = accept_stop.clone();
     let holds = shared.accepted_connections();
+    let what = frontend.what.clone();
     match listener {
         // Invalid :authority values are mended before h2 sees them (see authority.rs).
         FrontendListener::Unix(listener) => {
-            let incoming = spawn_uds_acceptor(shared, listener, holds, stop);
+            let incoming = spawn_uds_acceptor(shared, what, listener, holds, stop);
             serve_grpc(
                 servers,
                 frontend_server,
-                incoming,
+                frontend.counted(shared, incoming),
                 without_pings,
                 hard_stop,
                 "frontend",
             );
         }
         FrontendListener::Tcp(listener) => {
-            let what = "the frontend port";
-            let incoming =
-                spawn_tls_acceptor(shared, what, listener, frontend_tls, Some(holds), stop);
+            let tls = frontend.current_tls();
+            let incoming = spawn_tls_acceptor(shared, what, listener, tls, Some(holds), stop);
             serve_grpc(
                 servers,
                 frontend_server,
-                incoming,
+                frontend.counted(shared, incoming),
                 without_pings,
                 hard_stop,
                 "frontend",

@@ -10,7 +10,7 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::Registry;
-use crate::config::{Config, FrontendAddr, Mode};
+use crate::config::{Config, Frontend, FrontendAddr, Mode};
 use crate::kubernetes::auth::TokenAuthenticator;
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsError, TlsFiles, TlsPolicy};
@@ -23,15 +23,52 @@ pub enum SnapshotError {
     // chain (`{:#}`), it would otherwise appear twice.
     #[error("failed to load the agent port's TLS configuration: {0}")]
     AgentTls(TlsError),
-    #[error("failed to load the frontend's TLS configuration: {0}")]
-    FrontendTls(TlsError),
+    /// `name` is the frontend's: `frontend` for the flags' one.
+    #[error("failed to load the {name}'s TLS configuration: {cause}")]
+    FrontendTls { name: String, cause: Box<TlsError> },
 }
 
 /// Everything that can change on a reload, swapped as a whole.
 pub struct Snapshot {
     pub config: Arc<Config>,
     pub agent_tls: Arc<rustls::ServerConfig>,
-    pub frontend_tls: Option<Arc<rustls::ServerConfig>>,
+    /// Each frontend's, in the order of `config.frontends` (None for a Unix socket). A reload
+    /// keeps the running frontends (`Config::keep_restart_only`), so an index means the same
+    /// frontend in every snapshot.
+    pub frontend_tls: Vec<Option<Arc<rustls::ServerConfig>>>,
+}
+
+/// A TCP frontend's TLS configuration: its protocol's ALPN, its client CA.
+fn frontend_tls(
+    frontend: &Frontend,
+    policy: &TlsPolicy<'_>,
+) -> Result<Option<Arc<rustls::ServerConfig>>, SnapshotError> {
+    let FrontendAddr::Tcp(_) = frontend.addr else {
+        return Ok(None);
+    };
+    let (Some(cert), Some(key)) = (&frontend.cert, &frontend.key) else {
+        return Err(SnapshotError::FrontendTls {
+            name: frontend.name.clone(),
+            cause: Box::new(TlsError::Missing(
+                "a TCP frontend (--server-cert, --server-key)",
+            )),
+        });
+    };
+    let files = TlsFiles {
+        cert,
+        key,
+        client_ca: frontend.ca_cert.as_deref(),
+    };
+    let alpn: &[&[u8]] = match frontend.mode {
+        Mode::Grpc => &[b"h2"],
+        Mode::HttpConnect => &[b"http/1.1"],
+    };
+    tls::server_config(&files, policy, alpn)
+        .map(Some)
+        .map_err(|cause| SnapshotError::FrontendTls {
+            name: frontend.name.clone(),
+            cause: Box::new(cause),
+        })
 }
 
 impl Snapshot {
@@ -54,33 +91,11 @@ impl Snapshot {
         };
         let agent_tls =
             tls::server_config(&agent_files, &policy, &[b"h2"]).map_err(SnapshotError::AgentTls)?;
-        let frontend_tls = match (
-            &config.frontend_addr,
-            &config.server_cert,
-            &config.server_key,
-        ) {
-            (FrontendAddr::Tcp(_), Some(cert), Some(key)) => {
-                let files = TlsFiles {
-                    cert,
-                    key,
-                    client_ca: config.server_ca_cert.as_deref(),
-                };
-                let alpn: &[&[u8]] = match config.mode {
-                    Mode::Grpc => &[b"h2"],
-                    Mode::HttpConnect => &[b"http/1.1"],
-                };
-                Some(
-                    tls::server_config(&files, &policy, alpn)
-                        .map_err(SnapshotError::FrontendTls)?,
-                )
-            }
-            (FrontendAddr::Tcp(_), _, _) => {
-                return Err(SnapshotError::FrontendTls(TlsError::Missing(
-                    "a TCP frontend (--server-cert, --server-key)",
-                )))
-            }
-            _ => None,
-        };
+        let frontend_tls = config
+            .frontends
+            .iter()
+            .map(|frontend| frontend_tls(frontend, &policy))
+            .collect::<Result<_, _>>()?;
         Ok(Snapshot {
             config: Arc::new(config),
             agent_tls,

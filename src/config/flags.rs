@@ -323,6 +323,13 @@ pub struct Options {
     /// Accepted for compatibility; no effect.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub one_output: bool,
+
+    // --- beyond upstream: more frontends (config file only) ---
+    /// `[[frontend]]` tables: frontends served besides the one the flags describe (which is
+    /// always the first). Last, so TOML writes these tables after every plain key.
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frontend: Vec<super::frontends::FrontendOptions>,
 }
 
 impl Default for Options {

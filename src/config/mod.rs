@@ -3,6 +3,7 @@
 
 mod duration;
 mod flags;
+mod frontends;
 pub mod goflag;
 mod layered;
 pub mod layers;
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 pub use duration::{GoDuration, ParseDurationError};
 pub use flags::Options;
+pub use frontends::{Frontend, FrontendOptions, FIRST_FRONTEND};
 pub use layered::Layered;
 pub use layers::{CommandLine, ConfigError};
 pub use validate::{GO_ACCEPTED_CIPHER_SUITES, MIN_FRONTEND_QUEUE_BYTES};
@@ -65,7 +67,7 @@ fn bind_addr(host: &str, port: i64) -> Result<SocketAddr, ValidationError> {
         })
 }
 
-/// Where the frontend listens.
+/// Where a frontend listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FrontendAddr {
     Uds {
@@ -79,14 +81,12 @@ pub enum FrontendAddr {
 /// loaded into the TLS snapshot, so Debug never prints key material.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    pub mode: Mode,
-    pub frontend_addr: FrontendAddr,
+    /// Never empty: the flags' frontend first (named [`FIRST_FRONTEND`]), then the
+    /// `[[frontend]]` tables in order.
+    pub frontends: Vec<Frontend>,
     pub agent_addr: SocketAddr,
     pub health_addr: SocketAddr,
     pub admin_addr: SocketAddr,
-    pub server_cert: Option<PathBuf>,
-    pub server_key: Option<PathBuf>,
-    pub server_ca_cert: Option<PathBuf>,
     pub cluster_cert: Option<PathBuf>,
     pub cluster_key: Option<PathBuf>,
     pub cluster_ca_cert: Option<PathBuf>,
@@ -149,8 +149,9 @@ pub struct AgentLiveness {
 }
 
 /// The one place that says which settings a reload may change. Everything listed here keeps
-/// its running value on reload (with a warning naming it); every other field of [`Config`]
-/// applies on reload: certificates, keys and CAs, cipher suites, the TLS minimum version,
+/// its running value on reload (with a warning naming it), and so do the frontends' names,
+/// protocols and addresses (`frontends`, whose TLS files still reload); every other field of
+/// [`Config`] applies on reload: certificates, keys and CAs, cipher suites, the TLS minimum version,
 /// proxy strategies, the backend dial timeout, server count, queue sizes, the drain timeout,
 /// log verbosity, and file watching.
 macro_rules! restart_only_settings {
@@ -163,6 +164,9 @@ macro_rules! restart_only_settings {
             /// differed, so nothing is half-applied.
             pub fn keep_restart_only(&mut self, running: &Config) -> Vec<&'static str> {
                 let mut kept = Vec::new();
+                if frontends::keep_running(&mut self.frontends, &running.frontends) {
+                    kept.push("frontends");
+                }
                 $(
                     if self.$field != running.$field {
                         kept.push(stringify!($field));
@@ -176,8 +180,6 @@ macro_rules! restart_only_settings {
 }
 
 restart_only_settings!(
-    mode,
-    frontend_addr,
     agent_addr,
     health_addr,
     admin_addr,
@@ -200,27 +202,24 @@ impl Config {
     /// Validates `options` as upstream does, then builds the typed configuration.
     pub fn from_options(options: &Options) -> Result<Config, ValidationError> {
         let checked = options.check()?;
-        let frontend_addr = if options.uds_name.is_empty() {
-            FrontendAddr::Tcp(bind_addr(
-                &options.server_bind_address,
-                options.server_port,
-            )?)
-        } else {
-            FrontendAddr::Uds {
-                path: PathBuf::from(&options.uds_name),
-                delete_existing: options.delete_existing_uds_file,
-            }
-        };
+        let agent_addr = bind_addr(&options.agent_bind_address, options.agent_port)?;
+        let health_addr = bind_addr(&options.health_bind_address, options.health_port)?;
+        let admin_addr = bind_addr(&options.admin_bind_address, options.admin_port)?;
+        let frontends = frontends::frontends(
+            options,
+            checked.mode,
+            &[
+                ("the agent port", agent_addr),
+                ("the health port", health_addr),
+                ("the admin port", admin_addr),
+            ],
+        )?;
         let nonzero = |d: GoDuration| (d.0 > 0).then(|| d.to_std());
         Ok(Config {
-            mode: checked.mode,
-            frontend_addr,
-            agent_addr: bind_addr(&options.agent_bind_address, options.agent_port)?,
-            health_addr: bind_addr(&options.health_bind_address, options.health_port)?,
-            admin_addr: bind_addr(&options.admin_bind_address, options.admin_port)?,
-            server_cert: non_empty(&options.server_cert),
-            server_key: non_empty(&options.server_key),
-            server_ca_cert: non_empty(&options.server_ca_cert),
+            frontends,
+            agent_addr,
+            health_addr,
+            admin_addr,
             cluster_cert: non_empty(&options.cluster_cert),
             cluster_key: non_empty(&options.cluster_key),
             cluster_ca_cert: non_empty(&options.cluster_ca_cert),

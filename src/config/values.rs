@@ -13,6 +13,14 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The text `--mode` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Grpc => "grpc",
+            Mode::HttpConnect => "http-connect",
+        }
+    }
+
     /// `--mode`, refused in upstream's words.
     pub fn parse(text: &str) -> Result<Mode, ValidationError> {
         match text {

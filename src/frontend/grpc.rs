@@ -23,6 +23,8 @@ use tokio_util::task::task_tracker::TaskTrackerToken;
 
 pub struct ProxyFrontend {
     pub shared: Arc<Shared>,
+    /// The frontend's name, for the access line.
+    pub name: Arc<str>,
 }
 
 #[tonic::async_trait]
@@ -65,7 +67,7 @@ impl ProxyService for ProxyFrontend {
             peer,
             _accept_hold: accept_hold,
             user_agent,
-            record: TunnelRecord::new(FrontendKind::Grpc),
+            record: TunnelRecord::new(FrontendKind::Grpc, self.name.clone()),
         };
         shared.tasks.spawn(tunnel.serve(request.into_inner()));
         Ok(Response::new(queue))

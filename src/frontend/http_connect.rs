@@ -69,7 +69,8 @@ fn agent_dial_error_response(error: &str) -> Vec<u8> {
 
 /// Serves one HTTP-CONNECT connection to its end: requests other than CONNECT are answered
 /// with 405 and the connection kept for the next request, as Go's http.Server keeps it.
-pub async fn serve<S>(shared: Arc<Shared>, mut stream: S, peer: Arc<str>)
+/// `frontend` is the frontend's name, for the access line.
+pub async fn serve<S>(shared: Arc<Shared>, mut stream: S, peer: Arc<str>, frontend: Arc<str>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
@@ -95,7 +96,7 @@ where
             "Received request for host"
         );
         if head.method == "CONNECT" {
-            ConnectTunnel::new(&shared, head.host, peer.clone())
+            ConnectTunnel::new(&shared, head.host, peer.clone(), frontend.clone())
                 .run(stream, head.rest)
                 .await;
             break;
@@ -179,11 +180,16 @@ enum DialOutcome {
 }
 
 impl<'s> ConnectTunnel<'s> {
-    fn new(shared: &'s Arc<Shared>, address: String, peer: Arc<str>) -> ConnectTunnel<'s> {
+    fn new(
+        shared: &'s Arc<Shared>,
+        address: String,
+        peer: Arc<str>,
+        frontend: Arc<str>,
+    ) -> ConnectTunnel<'s> {
         let (link, queue) = shared.tunnel_queue();
         link.without_client_segment();
         link.set_destination(&address);
-        let mut record = TunnelRecord::new(FrontendKind::HttpConnect);
+        let mut record = TunnelRecord::new(FrontendKind::HttpConnect, frontend);
         record.destination = address.clone();
         ConnectTunnel {
             shared,

@@ -20,6 +20,8 @@ pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
 /// Beyond upstream, which logs no such line.
 pub struct TunnelRecord {
     kind: dial::FrontendKind,
+    /// The frontend's name (`frontend` for the flags' one).
+    name: std::sync::Arc<str>,
     started: std::time::Instant,
     /// The dial address; empty until the frontend asked for a dial (no line is written then).
     pub destination: String,
@@ -27,9 +29,10 @@ pub struct TunnelRecord {
 }
 
 impl TunnelRecord {
-    pub fn new(kind: dial::FrontendKind) -> TunnelRecord {
+    pub fn new(kind: dial::FrontendKind, name: std::sync::Arc<str>) -> TunnelRecord {
         TunnelRecord {
             kind,
+            name,
             started: std::time::Instant::now(),
             destination: String::new(),
             agent_id: None,
@@ -51,6 +54,7 @@ impl TunnelRecord {
         tracing::info!(
             v = 2,
             frontend,
+            frontendName = &*self.name,
             agentID = self.agent_id.as_deref().unwrap_or(""),
             dialAddress = %self.destination,
             connectionID = link.connect_id(),

@@ -21,16 +21,18 @@ const MAX_SETTLE: Duration = Duration::from_secs(2);
 
 /// The files a configuration depends on.
 pub fn watched_files(config: &crate::config::Config) -> Vec<PathBuf> {
+    let frontends = config
+        .frontends
+        .iter()
+        .flat_map(|f| [&f.cert, &f.key, &f.ca_cert]);
     [
         &config.config_file,
         &config.cluster_cert,
         &config.cluster_key,
         &config.cluster_ca_cert,
-        &config.server_cert,
-        &config.server_key,
-        &config.server_ca_cert,
     ]
     .into_iter()
+    .chain(frontends)
     .flatten()
     .cloned()
     .collect()

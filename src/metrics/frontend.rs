@@ -1,6 +1,6 @@
 //! The frontends' families: connections by protocol, and the per-tunnel queues toward them.
 
-use prometheus::{Histogram, IntCounter, IntGauge, IntGaugeVec};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
 use super::family::Families;
 use super::LATENCY_BUCKETS;
@@ -17,6 +17,10 @@ pub struct FrontendMetrics {
     pub queued_bytes: IntGauge,
     /// Beyond upstream: tunnels closed to keep the server within its queue budget.
     pub queue_budget_closes: IntCounter,
+    /// Beyond upstream: connections accepted, by frontend (its name: `frontend` for the one
+    /// the flags describe, or its `[[frontend]]` name). A family of its own, so upstream's
+    /// families keep their label sets.
+    pub accepted_connections: IntCounterVec,
 }
 
 impl FrontendMetrics {
@@ -65,6 +69,11 @@ impl FrontendMetrics {
             queue_budget_closes: f.counter(
                 "frontend_queue_budget_closes_total",
                 "Tunnels whose frontend was not reading, closed because the server's frontend queue budget was exhausted.",
+            ),
+            accepted_connections: f.counter_vec(
+                "frontend_accepted_connections_total",
+                "Frontend connections accepted (after the TLS handshake on TCP), by frontend name.",
+                &["frontend"],
             ),
         }
     }

@@ -222,10 +222,11 @@ impl Harness {
             config,
             Listeners {
                 frontend,
+                more_frontends: Vec::new(),
                 agent,
                 health,
                 admin,
-                owned_uds: Some(uds.clone()),
+                owned_uds: vec![uds.clone()],
             },
         )
         .expect("server starts");

@@ -49,6 +49,54 @@ func frontendScenarios() []scenarioX {
 		}},
 		{scenario: scenario{"http_connect_agent_killed_mid_dial", scHTTPConnectAgentKilledMidDial}, opts: httpUDS},
 		{scenario: scenario{"grpc_tcp_mtls", scGRPCTCP}, opts: grpcTCP},
+		// Ours only: upstream serves one frontend per process.
+		{scenario: scenario{"grpc_uds_and_http_connect_tcp_one_process", scBothFrontends},
+			opts: func(string) envOpts { return envOpts{config: bothFrontendsConfig} }, oursOnly: true},
+	}
+}
+
+// bothFrontendsConfig: the agent port's files, and an HTTP-CONNECT [[frontend]] over TCP+mTLS
+// beside the flags' gRPC frontend on the UDS.
+func bothFrontendsConfig(e *env) string {
+	cs := getCerts(e.t)
+	e.secondFrontendPort = freePort(e.t)
+	return fmt.Sprintf("cluster_cert = %q\ncluster_key = %q\ncluster_ca_cert = %q\n\n"+
+		"[[frontend]]\nname = \"mtls\"\nmode = \"http-connect\"\nbind_address = \"127.0.0.1\"\nport = %d\n"+
+		"cert = %q\nkey = %q\nca_cert = %q\n",
+		cs.serverCert, cs.serverKey, cs.ca, e.secondFrontendPort, cs.serverCert, cs.serverKey, cs.ca)
+}
+
+// scBothFrontends: single_request's client (gRPC, UDS) and http_connect_tcp_mtls's client at
+// once, against one server process serving both frontends.
+func scBothFrontends(t *testing.T, e *env) {
+	e.withAgent("a1", "")
+	cs := getCerts(t)
+	addr := e.startTestServer()
+	_, port, _ := net.SplitHostPort(addr)
+	request := []string{"--request-host=127.0.0.1", "--request-port=" + port, "--request-path=success"}
+	clients := [][]string{
+		{"--mode=grpc", "--proxy-uds=" + e.sock, "--proxy-host=", "--proxy-port=0"},
+		{"--mode=http-connect", "--proxy-host=127.0.0.1", fmt.Sprintf("--proxy-port=%d", e.secondFrontendPort),
+			"--ca-cert=" + cs.ca, "--client-cert=" + cs.agentCert, "--client-key=" + cs.agentKey},
+	}
+	failures := make(chan string, len(clients))
+	for _, args := range clients {
+		args := append(args, request...)
+		go func() {
+			ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, e.bins.testClient, args...).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), successPage) {
+				failures <- fmt.Sprintf("proxy-test-client %v: %v\n%s", args, err, tailStr(string(out), 20))
+				return
+			}
+			failures <- ""
+		}()
+	}
+	for range clients {
+		if f := <-failures; f != "" {
+			t.Error(f)
+		}
 	}
 }
 

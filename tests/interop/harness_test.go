@@ -604,6 +604,8 @@ type env struct {
 	// Frontend (frontends_test.go): mode, and the TCP+mTLS frontend port (0 = UDS frontend).
 	mode       string
 	serverPort int
+	// secondFrontendPort: the HTTP-CONNECT [[frontend]] of grpc_uds_and_http_connect_tcp_one_process.
+	secondFrontendPort int
 	// agentHost is the address agents dial (default 127.0.0.1).
 	agentHost string
 	// The server's command line, for restartServer (agent_test.go: HA).

@@ -43,6 +43,7 @@ var ourAdditions = map[string]bool{
 	serverPrefix + "dial_retries_total":                    true,
 	serverPrefix + "announced_servers":                     true,
 	serverPrefix + "destinations_refused_total":            true,
+	serverPrefix + "frontend_accepted_connections_total":   true,
 	serverPrefix + "allocator_allocated_bytes":             true,
 	serverPrefix + "allocator_active_bytes":                true,
 	serverPrefix + "allocator_resident_bytes":              true,
