@@ -2,6 +2,8 @@
 //! file errors, round trips and the flag list of the upstream help text.
 #![allow(clippy::unwrap_used)] // tests and benchmarks fail loudly by design
 
+mod upstream_bins;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -295,45 +297,9 @@ fn every_upstream_validation_message_verbatim() {
     }
 }
 
-/// The upstream proxy-server the interop harness builds (tests/interop/build.sh, cached outside
-/// the work tree): `$UPSTREAM_BIN_DIR/proxy-server`, else build.sh's. None (the caller skips)
-/// without Go, except under CI=true, where that fails.
+/// The upstream proxy-server the interop harness builds, or None (the caller skips).
 fn upstream_server() -> Option<PathBuf> {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-    let dir = match std::env::var_os("UPSTREAM_BIN_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            if Command::new("go").arg("version").output().is_err() {
-                assert!(
-                    !ci,
-                    "CI=true: Go is needed to build the upstream proxy-server"
-                );
-                eprintln!("SKIPPED: Go is not installed; cannot build the upstream proxy-server");
-                return None;
-            }
-            let out = Command::new("bash")
-                .arg(concat!(
-                    env!("CARGO_MANIFEST_DIR"),
-                    "/tests/interop/build.sh"
-                ))
-                .output()
-                .expect("bash runs build.sh");
-            assert!(
-                out.status.success(),
-                "tests/interop/build.sh failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            PathBuf::from(
-                stdout
-                    .lines()
-                    .last()
-                    .expect("build.sh prints its directory")
-                    .trim(),
-            )
-        }
-    };
-    Some(dir.join("proxy-server"))
+    Some(upstream_bins::dir("the upstream proxy-server")?.join("proxy-server"))
 }
 
 /// Flags of 0.37 that the v0.36.0 binary does not know: their cases cannot be diffed.

@@ -5,6 +5,8 @@
 //! outside the work tree); without Go the test is skipped, except under CI=true.
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+mod upstream_bins;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -16,33 +18,6 @@ use konnectivity_server::tls::DevPki;
 const BIN: &str = env!("CARGO_BIN_EXE_konnectivity-server");
 const WAIT: Duration = Duration::from_secs(30);
 const SUCCESS_PAGE: &str = "The success test page!";
-
-/// The upstream binaries' directory, or None (skip) without Go.
-fn upstream_bins() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("UPSTREAM_BIN_DIR") {
-        return Some(PathBuf::from(dir));
-    }
-    if Command::new("go").arg("version").output().is_err() {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
-        assert!(!ci, "CI=true: Go is needed to build the upstream binaries");
-        eprintln!("SKIPPED: Go is not installed; cannot build the upstream agent and client");
-        return None;
-    }
-    let out = Command::new("bash")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/interop/build.sh"
-        ))
-        .output()
-        .expect("bash runs build.sh");
-    assert!(
-        out.status.success(),
-        "tests/interop/build.sh failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    Some(PathBuf::from(stdout.lines().last().unwrap().trim()))
-}
 
 /// A free port in [1024, 32767]: below the kernel's ephemeral range, which upstream's agent
 /// refuses for its own ports and our validation for a frontend's.
@@ -124,7 +99,7 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 
 #[test]
 fn grpc_on_a_unix_socket_and_http_connect_over_mtls_in_one_process() {
-    let Some(bins) = upstream_bins() else {
+    let Some(bins) = upstream_bins::dir("the upstream agent and client") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -205,9 +180,7 @@ fn grpc_on_a_unix_socket_and_http_connect_over_mtls_in_one_process() {
         Proc::start(
             name,
             dir.path(),
-            Command::new(bins.join("proxy-test-client"))
-                .args(args)
-                .args(&request),
+            upstream_bins::test_client(&bins).args(args).args(&request),
         )
     };
     let mut grpc = client(
@@ -357,15 +330,26 @@ fn each_frontend_takes_the_socket_systemd_passed_under_its_name() {
     }
     server.alive();
     assert_eq!(http_get(health, "/healthz").map(|r| r.0), Some(200));
-    let log = server.output();
+    // The log is written by a background thread: wait for its lines rather than race it.
     for name in ["frontend", "tools"] {
-        assert!(
-            log.lines()
-                .any(|l| l.contains("using the socket passed by systemd")
-                    && l.contains(&format!("listener=\"{name}\""))),
-            "{name}: {log}"
+        eventually(
+            &format!("the log line for the {name} socket"),
+            || {
+                server.output().lines().any(|l| {
+                    l.contains("using the socket passed by systemd")
+                        && l.contains(&format!("listener=\"{name}\""))
+                })
+            },
+            || server.output(),
         );
     }
+    // A passed socket that matched no listener is warned of before the server says it serves.
+    eventually(
+        "the serving line",
+        || server.output().contains("konnectivity-server is serving"),
+        || server.output(),
+    );
+    let log = server.output();
     assert!(!log.contains("matches no listener"), "{log}");
 }
 
