@@ -67,6 +67,7 @@ func allScenarios() []scenarioX {
 	all = append(all, memoryScenarios()...)     // memory_test.go
 	all = append(all, clientCertScenarios()...) // clientcert_test.go
 	all = append(all, policyScenarios()...)     // policy_test.go
+	all = append(all, tunnelsScenarios()...)    // tunnels_test.go
 	return append(all, networkScenarios()...)   // network_test.go
 }
 
