@@ -62,8 +62,12 @@ func scTunnelsView(t *testing.T, e *env) {
 		t.Fatalf("dial %s: %v", e.far.addr, err)
 	}
 	defer conn.Close()
-	// Ask the far end for 16 MiB and read none of it: the client's reader stalls.
-	request := "GET 16777216 7\n"
+	// An open-ended stream (32 KiB every 10 ms) that the client never reads: its reader
+	// stalls, and the far end keeps the tunnel open, so the view cannot miss it. (A fixed
+	// amount could be queued whole and the agent's side closed before the first look: the
+	// entry then leaves /tunnels with the agent's route, its queue still draining.) The client
+	// gives up after its own 10 s read timeout; the checks are done well before.
+	request := "TICK 7 32768 10\n"
 	if _, err := io.WriteString(conn, request); err != nil {
 		t.Fatalf("request: %v", err)
 	}
