@@ -315,9 +315,27 @@ impl GrpcTunnel {
             self.stopped = true;
             return;
         }
+        if self.link.close_was_sent() {
+            // Closed already (by the agent, or its stream ended): the agent no longer knows
+            // this connection, and the client may have dropped that CLOSE_RSP (see
+            // `close_was_sent`). It hears it again, once.
+            tracing::info!(
+                v = 2,
+                connectionID = connect_id,
+                "DATA for a closed connection; sending CLOSE_RSP again"
+            );
+            self.reply(close_response(connect_id, ""));
+            self.stopped = true;
+            return;
+        }
         let bytes = crate::wire::data_len(&packet) as u64;
         if agent.send(packet).await.is_err() {
             tracing::error!(err = "agent stream closed", connectionID = connect_id, agentID = %agent.agent_id, "DATA to Backend failed");
+            // The stream's teardown closes this tunnel too; a client that never hears of it
+            // would wait for data forever.
+            self.link.note_end(|| "agent stream closed".into());
+            self.reply(close_response(connect_id, ""));
+            self.stopped = true;
         } else {
             self.link.facts.add_to_agent(bytes);
         }

@@ -296,6 +296,8 @@ pub struct FrontendLink {
     /// The agent's connect id once established; 0 before. Written under the owning agent
     /// session's route lock, so cleanup and establishment agree on it.
     connect_id: AtomicI64,
+    /// A CLOSE_RSP was queued toward the frontend (see [`FrontendLink::close_was_sent`]).
+    close_sent: AtomicBool,
     /// Who opened it, when, and its bytes toward the agent (the admin port's `/tunnels`).
     pub facts: TunnelFacts,
 }
@@ -330,6 +332,7 @@ impl FrontendLink {
             uid,
             state: state.clone(),
             connect_id: AtomicI64::new(0),
+            close_sent: AtomicBool::new(false),
             facts: TunnelFacts::new(),
         });
         let queue = FrontendQueue { state };
@@ -342,6 +345,14 @@ impl FrontendLink {
 
     pub(crate) fn set_connect_id(&self, connect_id: i64) {
         self.connect_id.store(connect_id, Ordering::Release);
+    }
+
+    /// Whether a CLOSE_RSP was queued toward the frontend. konnectivity-client registers a
+    /// connection only after its dialing goroutine took the DIAL_RSP from the stream reader,
+    /// which may already have read (and dropped as unknown) a CLOSE_RSP right behind it: a
+    /// client that then sends DATA is told again.
+    pub fn close_was_sent(&self) -> bool {
+        self.close_sent.load(Ordering::Acquire)
     }
 
     /// Notes why the tunnel ends, unless a reason was noted already: the first one stands.
@@ -513,6 +524,9 @@ impl FrontendLink {
 /// Notes the end of the tunnel that a control packet toward the frontend means.
 fn note_terminal(link: &FrontendLink, packet: &Packet) {
     use crate::proto::packet::Payload;
+    if let Some(Payload::CloseResponse(_)) = &packet.payload {
+        link.close_sent.store(true, Ordering::Release);
+    }
     match &packet.payload {
         Some(Payload::CloseResponse(rsp)) if rsp.error.is_empty() => {
             link.note_end(|| "agent closed".into())

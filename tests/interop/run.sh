@@ -143,6 +143,16 @@ if grep -q 'KNOWN-UPSTREAM-DIFF' "$LOG"; then
   grep -o 'KNOWN-UPSTREAM-DIFF.*' "$LOG" | cut -c1-200 | sed 's/^/  /'
 fi
 
+# Last, so that a log cut in the middle (CI keeps the head and the tail) still shows why:
+# the failed tests and the assertion lines the harness writes (go test -v does not tell a
+# t.Errorf line from a t.Logf one, so these are the harness's own failure phrasings).
+if grep -qE -- '--- FAIL' "$LOG"; then
+  echo "why it failed (the failed tests, then the harness's failure lines):"
+  grep -E -- '--- FAIL' "$LOG" | sed 's/^ */  /' | head -n 40
+  grep -E 'FAULT-ASSERTION|timed out after|PANICKED|exited during|forbids skipping|did not come up|: (want|got) |_test\.go:[0-9]+: .*(fail|FAIL|unexpected|mismatch)' "$LOG" |
+    grep -vE 'KNOWN-UPSTREAM-DIFF|\(upstream, reported only\)' | cut -c1-300 | sed 's/^ */  /' | head -n 40
+fi
+
 if ! grep -qE -- '--- (PASS|FAIL): Test(Interop|Kube|AgentInterop|Faults)/' "$LOG"; then
   echo "run.sh: no scenario ran" >&2
   rc=1

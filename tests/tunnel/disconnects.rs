@@ -119,6 +119,53 @@ async fn row_endpoint_eof_at_agent_unsolicited_close_rsp_relayed() {
     h.finish().await;
 }
 
+/// konnectivity-client registers a connection only after its dialing goroutine took the
+/// DIAL_RSP, so a CLOSE_RSP right behind it can be dropped as unknown; its next DATA shows
+/// that it never heard, and it is told again (once), while the agent, which closed that
+/// connection, is not sent DATA for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_data_after_close_rsp_client_told_again_agent_gets_nothing() {
+    let h = Harness::start().await;
+    let mut agent = h.agent("agent-1").await;
+    let fe = h.frontend().await;
+    let mut t = h.establish(&fe, &mut agent, 52, 6).await;
+    agent.send(close_rsp(6, "")).await;
+    assert_eq!(t.recv().await, close_rsp(6, ""));
+    t.send(data(6, &b"GET / HTTP/1.1\r\n\r\n"[..])).await;
+    assert_eq!(t.recv().await, close_rsp(6, ""), "told again");
+    t.send(data(6, &b"more"[..])).await;
+    t.close_send();
+    assert_eq!(
+        t.recv_end().await.expect("clean end"),
+        Vec::<Packet>::new(),
+        "once"
+    );
+    assert_eq!(agent.sync().await, Vec::<Packet>::new());
+    h.wait_gauges((0, 0)).await;
+    drop((t, fe, agent));
+    h.finish().await;
+}
+
+/// The same after the agent's stream ended: the CLOSE_RSP the teardown sent may have been
+/// dropped by the client; its DATA finds no agent and gets a CLOSE_RSP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_data_after_agent_stream_died_client_told_again() {
+    let h = Harness::start().await;
+    let mut agent = h.agent("agent-1").await;
+    let fe = h.frontend().await;
+    let mut t = h.establish(&fe, &mut agent, 53, 7).await;
+    drop(agent);
+    assert_eq!(t.recv().await, close_rsp(7, ""), "synthesized CLOSE_RSP");
+    h.wait_agents(0).await;
+    t.send(data(7, &b"GET / HTTP/1.1\r\n\r\n"[..])).await;
+    assert_eq!(t.recv().await, close_rsp(7, ""), "told again");
+    t.close_send();
+    assert_eq!(t.recv_end().await.expect("clean end"), Vec::<Packet>::new());
+    h.wait_gauges((0, 0)).await;
+    drop((t, fe));
+    h.finish().await;
+}
+
 async fn agent_stream_dies_with_established_connection(death: Death) {
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
