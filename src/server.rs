@@ -25,9 +25,13 @@ use crate::state::{Shared, Snapshot, SnapshotError};
 
 /// grpc-go's default maximum received message size.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
-/// HTTP/2 flow-control windows on every gRPC port.
+/// HTTP/2 flow-control windows on the frontend port, as h2 accounts them.
 const STREAM_WINDOW: u32 = 2 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
+/// An agent's stream window as h2 accounts it: the most its agent is ever allowed in flight.
+/// What the agent is told follows the link (`h2_ping::window`), from 64 KiB up to this,
+/// which fills a 100 ms round trip at 80 MB/s.
+const AGENT_STREAM_WINDOW: u32 = 8 << 20;
 /// After the drain, how long stopping the servers may take.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -44,7 +48,7 @@ pub enum RunError {
     FrontendListeners { configured: usize, given: usize },
 }
 
-fn grpc_server(keepalive: Duration) -> tonic::transport::Server {
+fn grpc_server(keepalive: Duration, stream_window: u32) -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(keepalive))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
@@ -54,7 +58,7 @@ fn grpc_server(keepalive: Duration) -> tonic::transport::Server {
         // Fixed, generous windows rather than the adaptive (BDP) window: the adaptive one
         // starts at 64 KiB, and h2 then answers a burst of small frames (many dials at once on
         // one connection) with GOAWAY ENHANCE_YOUR_CALM, killing every tunnel on it.
-        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_stream_window_size(Some(stream_window))
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
 }
 
@@ -171,7 +175,7 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
     .max_decoding_message_size(MAX_MESSAGE_BYTES);
     serve_grpc(
         &servers,
-        grpc_server(config.keepalive_time).add_service(agent_service),
+        grpc_server(config.keepalive_time, AGENT_STREAM_WINDOW).add_service(agent_service),
         agents,
         with_pings,
         shared.hard_stop.clone(),
@@ -346,7 +350,8 @@ fn spawn_grpc_frontend(
         name: frontend.name.clone(),
     })
     .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let frontend_server = grpc_server(config.frontend_keepalive_time).add_service(proxy_service);
+    let frontend_server =
+        grpc_server(config.frontend_keepalive_time, STREAM_WINDOW).add_service(proxy_service);
     let hard_stop = shared.hard_stop.clone();
     let stop = accept_stop.clone();
     let holds = shared.accepted_connections();

@@ -126,6 +126,7 @@ fn agents_response(shared: &Shared) -> Response<Full<Bytes>> {
                 "suspect": agent.is_suspect(),
                 "ping_unanswered_seconds": ago(ping.and_then(|p| p.unanswered_since())),
                 "last_ping_answer_seconds_ago": ago(ping.and_then(|p| p.last_answer())),
+                "receive_window_bytes": ping.and_then(|p| p.receive_window()),
                 "pending_dials": pending,
                 "tunnels": established,
             })

@@ -19,13 +19,21 @@ use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+use window::LinkWindow;
+
 const FRAME_HEADER: usize = 9;
 const PING_LEN: usize = 8;
 const PING_FRAME: usize = FRAME_HEADER + PING_LEN;
+const TYPE_DATA: u8 = 0x0;
+const TYPE_HEADERS: u8 = 0x1;
+const TYPE_SETTINGS: u8 = 0x4;
 const TYPE_PING: u8 = 0x6;
+const TYPE_WINDOW_UPDATE: u8 = 0x8;
 const FLAG_ACK: u8 = 0x1;
 /// The first half of our PINGs' opaque data; the second half is a sequence number.
 const MARKER: [u8; 4] = *b"kLiv";
+/// The same for the PINGs that measure the link for [`window::LinkWindow`].
+const SAMPLE_MARKER: [u8; 4] = *b"kBdp";
 /// What a client sends before its first frame (RFC 9113, section 3.4).
 const CLIENT_PREFACE_LEN: usize = 24;
 
@@ -46,6 +54,8 @@ struct PingState {
     /// Woken to make the connection's task write a PING while h2 has nothing to write.
     task: AtomicWaker,
     killed: AtomicBool,
+    /// The receive window the peer is held to on its first stream; 0 when not paced.
+    window: AtomicU32,
 }
 
 impl PingHandle {
@@ -59,6 +69,7 @@ impl PingHandle {
             acked_at: AtomicU64::new(0),
             task: AtomicWaker::new(),
             killed: AtomicBool::new(false),
+            window: AtomicU32::new(0),
         }))
     }
 
@@ -112,6 +123,12 @@ impl PingHandle {
         self.at(self.0.acked_at.load(Ordering::Acquire))
     }
 
+    /// The receive window the peer is held to now on its first stream (what it may have in
+    /// flight), when it is paced.
+    pub fn receive_window(&self) -> Option<u32> {
+        Some(self.0.window.load(Ordering::Relaxed)).filter(|w| *w != 0)
+    }
+
     /// Makes every later read and write of the connection fail, so hyper closes it.
     pub fn kill(&self) {
         self.0.killed.store(true, Ordering::Release);
@@ -141,6 +158,22 @@ impl std::fmt::Debug for PingHandle {
     }
 }
 
+/// What [`Frames::advance`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// A frame header, complete.
+    Header {
+        kind: u8,
+        flags: u8,
+        stream: u32,
+        len: usize,
+    },
+    /// A WINDOW_UPDATE, whole.
+    Update { stream: u32, increment: u32 },
+    /// An ACK of one of our PINGs, whole: `sample` for a measuring one, else its sequence.
+    Ack { sample: bool, seq: u32 },
+}
+
 /// Follows frame boundaries in one direction of an HTTP/2 byte stream.
 #[derive(Default)]
 struct Frames {
@@ -152,10 +185,8 @@ struct Frames {
     body: usize,
     /// Complete frames seen.
     frames: u64,
-    /// The payload so far of a PING ACK being read, and the sequence number of the last one
-    /// of ours that was read whole by [`Frames::advance`].
-    ping: Option<([u8; PING_LEN], usize)>,
-    ack: Option<u32>,
+    /// The payload so far of a PING ACK or a WINDOW_UPDATE being read.
+    capture: Option<([u8; PING_LEN], usize)>,
 }
 
 impl Frames {
@@ -174,8 +205,13 @@ impl Frames {
         }
     }
 
-    /// Moves past `bytes`, which the stream carried in order.
-    fn advance(&mut self, mut bytes: &[u8]) {
+    /// The payload bytes of the current frame still to come, when its header is complete.
+    fn body_left(&self) -> Option<usize> {
+        (self.preface == 0 && self.have == FRAME_HEADER).then_some(self.body)
+    }
+
+    /// Moves past `bytes`, which the stream carried in order, telling `on` what it saw.
+    fn advance(&mut self, mut bytes: &[u8], on: &mut impl FnMut(Event)) {
         while !bytes.is_empty() {
             let n = if self.preface > 0 {
                 let n = self.preface.min(bytes.len());
@@ -186,26 +222,32 @@ impl Frames {
                 self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
                 self.have += n;
                 if self.have == FRAME_HEADER {
-                    self.body = frame_len(&self.header);
-                    let h = &self.header;
-                    let ping_ack = h[3] == TYPE_PING && h[4] & FLAG_ACK != 0 && h[5..] == [0; 4];
-                    if ping_ack && self.body == PING_LEN {
-                        self.ping = Some(([0; PING_LEN], 0));
+                    let (len, kind, flags, stream) = parse_header(&self.header);
+                    self.body = len;
+                    on(Event::Header {
+                        kind,
+                        flags,
+                        stream,
+                        len,
+                    });
+                    let ping_ack = kind == TYPE_PING && flags & FLAG_ACK != 0 && stream == 0;
+                    if (ping_ack && len == PING_LEN) || (kind == TYPE_WINDOW_UPDATE && len == 4) {
+                        self.capture = Some(([0; PING_LEN], 0));
                     }
                     if self.body == 0 {
-                        self.end_frame();
+                        self.end_frame(on);
                     }
                 }
                 n
             } else {
                 let n = self.body.min(bytes.len());
-                if let Some((payload, have)) = &mut self.ping {
+                if let Some((payload, have)) = &mut self.capture {
                     payload[*have..*have + n].copy_from_slice(&bytes[..n]);
                     *have += n;
                 }
                 self.body -= n;
                 if self.body == 0 {
-                    self.end_frame();
+                    self.end_frame(on);
                 }
                 n
             };
@@ -213,12 +255,27 @@ impl Frames {
         }
     }
 
-    fn end_frame(&mut self) {
-        if let Some((payload, _)) = self.ping.take() {
-            if payload[..4] == MARKER {
-                self.ack = Some(u32::from_be_bytes([
-                    payload[4], payload[5], payload[6], payload[7],
-                ]));
+    fn end_frame(&mut self, on: &mut impl FnMut(Event)) {
+        if let Some((payload, _)) = self.capture.take() {
+            let (_, kind, _, stream) = parse_header(&self.header);
+            let word = |at: usize| {
+                u32::from_be_bytes([
+                    payload[at],
+                    payload[at + 1],
+                    payload[at + 2],
+                    payload[at + 3],
+                ])
+            };
+            if kind == TYPE_WINDOW_UPDATE {
+                on(Event::Update {
+                    stream,
+                    increment: word(0) & 0x7fff_ffff,
+                });
+            } else if payload[..4] == MARKER || payload[..4] == SAMPLE_MARKER {
+                on(Event::Ack {
+                    sample: payload[..4] == SAMPLE_MARKER,
+                    seq: word(4),
+                });
             }
         }
         self.have = 0;
@@ -226,38 +283,58 @@ impl Frames {
     }
 }
 
+/// (payload length, type, flags, stream id) of a frame header.
+fn parse_header(h: &[u8]) -> (usize, u8, u8, u32) {
+    let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+    (frame_len(h), h[3], h[4], stream)
+}
+
 fn frame_len(header: &[u8]) -> usize {
     (usize::from(header[0]) << 16) | (usize::from(header[1]) << 8) | usize::from(header[2])
 }
 
-/// The sequence number of a whole frame at the start of `bytes` if it is an ACK of our PING.
-fn our_ack(bytes: &[u8]) -> Option<u32> {
+/// A whole frame at the start of `bytes` that is an ACK of one of our PINGs: (measuring,
+/// sequence number).
+fn our_ack(bytes: &[u8]) -> Option<(bool, u32)> {
     let frame = bytes.get(..PING_FRAME)?;
+    let marker = &frame[9..13];
     let is_ack = frame_len(frame) == PING_LEN
         && frame[3] == TYPE_PING
         && frame[4] & FLAG_ACK != 0
         && frame[5..9] == [0; 4]
-        && frame[9..13] == MARKER;
-    is_ack.then(|| u32::from_be_bytes([frame[13], frame[14], frame[15], frame[16]]))
+        && (marker == MARKER || marker == SAMPLE_MARKER);
+    is_ack.then(|| {
+        (
+            marker == SAMPLE_MARKER,
+            u32::from_be_bytes([frame[13], frame[14], frame[15], frame[16]]),
+        )
+    })
 }
 
-fn ping_frame(seq: u32) -> [u8; PING_FRAME] {
+fn ping_frame(marker: [u8; 4], seq: u32) -> [u8; PING_FRAME] {
     let mut frame = [0u8; PING_FRAME];
     frame[2] = PING_LEN as u8;
     frame[3] = TYPE_PING;
-    frame[9..13].copy_from_slice(&MARKER);
+    frame[9..13].copy_from_slice(&marker);
     frame[13..].copy_from_slice(&seq.to_be_bytes());
     frame
 }
 
-/// A server-side HTTP/2 connection whose [`PingHandle`] can send PINGs on it.
+/// A server-side HTTP/2 connection whose [`PingHandle`] can send PINGs on it, and whose
+/// first stream's receive window follows the link ([`window::LinkWindow`]).
 pub struct PingIo<IO> {
     io: IO,
     handle: PingHandle,
     written: Frames,
     read: Frames,
-    /// The PING being written and how much of it is out.
-    injecting: Option<([u8; PING_FRAME], usize, u32)>,
+    window: LinkWindow,
+    /// Frames of ours to write between two of h2's (PINGs, WINDOW_UPDATEs, the rewritten
+    /// SETTINGS), how much of them is out, and the liveness PING among them.
+    out: Vec<u8>,
+    out_at: usize,
+    out_ping: Option<u32>,
+    /// A measuring PING is to be written.
+    sample_due: bool,
 }
 
 impl<IO> PingIo<IO> {
@@ -271,7 +348,11 @@ impl<IO> PingIo<IO> {
                 preface: CLIENT_PREFACE_LEN,
                 ..Frames::default()
             },
-            injecting: None,
+            window: LinkWindow::new(),
+            out: Vec::new(),
+            out_at: 0,
+            out_ping: None,
+            sample_due: false,
         };
         (io, handle)
     }
@@ -281,32 +362,98 @@ fn killed_error() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "the peer stopped answering PINGs")
 }
 
+/// A frame of h2's that [`PingIo`] may hold back or rewrite: its SETTINGS, and its
+/// WINDOW_UPDATEs for a stream.
+fn of_interest(kind: u8, flags: u8, stream: u32) -> bool {
+    (kind == TYPE_SETTINGS && flags & FLAG_ACK == 0) || (kind == TYPE_WINDOW_UPDATE && stream != 0)
+}
+
 impl<IO: AsyncWrite + Unpin> PingIo<IO> {
-    /// Writes the PING asked for, if any, when h2 is between two frames (and past its
-    /// SETTINGS, which must come first). Ready once nothing of ours is left half-written,
-    /// with whether this call wrote any of it.
+    /// Writes what of ours is due, when h2 is between two frames (and past its SETTINGS,
+    /// which must come first). Ready once nothing of ours is left half-written, with whether
+    /// this call wrote any of it.
     fn poll_inject(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<bool>> {
-        if self.injecting.is_none() {
-            let state = &self.handle.0;
-            let requested = state.requested.load(Ordering::Acquire);
-            let due = requested != state.sent.load(Ordering::Acquire);
-            if !due || !self.written.at_boundary() || self.written.frames == 0 {
+        if self.out_at == self.out.len() {
+            self.out.clear();
+            self.out_at = 0;
+            if !self.written.at_boundary() || self.written.frames == 0 {
                 return Poll::Ready(Ok(false));
             }
-            self.injecting = Some((ping_frame(requested), 0, requested));
+            let state = &self.handle.0;
+            let requested = state.requested.load(Ordering::Acquire);
+            if requested != state.sent.load(Ordering::Acquire) {
+                self.out.extend_from_slice(&ping_frame(MARKER, requested));
+                self.out_ping = Some(requested);
+            }
+            if std::mem::take(&mut self.sample_due) {
+                self.out.extend_from_slice(&ping_frame(SAMPLE_MARKER, 0));
+            }
+            self.window.take_due(&mut self.out);
+            if self.out.is_empty() {
+                return Poll::Ready(Ok(false));
+            }
         }
-        while let Some((frame, done, seq)) = &mut self.injecting {
-            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &frame[*done..]))?;
+        while self.out_at < self.out.len() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.out[self.out_at..]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            *done += n;
-            if *done == PING_FRAME {
-                self.handle.0.sent.store(*seq, Ordering::Release);
-                self.injecting = None;
-            }
+            self.out_at += n;
+        }
+        if let Some(seq) = self.out_ping.take() {
+            self.handle.0.sent.store(seq, Ordering::Release);
         }
         Poll::Ready(Ok(true))
+    }
+
+    /// Takes a frame of interest that h2 wrote whole at the front of `buf`, when the window
+    /// holds it back or rewrites it: how many bytes of h2's it took.
+    fn intercept(&mut self, buf: &[u8]) -> Option<usize> {
+        if !self.window.intercepting() || !self.written.at_boundary() || buf.len() < FRAME_HEADER {
+            return None;
+        }
+        let (len, kind, flags, stream) = parse_header(buf);
+        let frame = buf.get(..FRAME_HEADER + len)?;
+        if !of_interest(kind, flags, stream) {
+            return None;
+        }
+        if kind == TYPE_SETTINGS {
+            let rewritten = self.window.rewrite_settings(frame)?;
+            self.out.extend_from_slice(&rewritten);
+        } else {
+            if len != 4 {
+                return None;
+            }
+            let increment = u32::from_be_bytes([frame[9], frame[10], frame[11], frame[12]]);
+            if !self.window.h2_update(stream, increment & 0x7fff_ffff) {
+                return None;
+            }
+        }
+        self.written.advance(frame, &mut |_| {});
+        Some(frame.len())
+    }
+
+    /// How much of `buf` to write before the next frame of interest, so that it starts a
+    /// later write (and [`PingIo::intercept`] sees it whole).
+    fn pass_limit(&self, buf: &[u8]) -> usize {
+        if !self.window.intercepting() {
+            return buf.len();
+        }
+        let mut at = if self.written.at_boundary() {
+            0
+        } else if let Some(left) = self.written.body_left() {
+            left
+        } else {
+            return buf.len();
+        };
+        while at + FRAME_HEADER <= buf.len() {
+            let (len, kind, flags, stream) = parse_header(&buf[at..]);
+            if at > 0 && of_interest(kind, flags, stream) {
+                return at;
+            }
+            at += FRAME_HEADER + len;
+        }
+        buf.len()
     }
 
     /// Counts what h2 wrote (of `bufs`, `n` bytes) toward the frame boundaries.
@@ -316,9 +463,28 @@ impl<IO: AsyncWrite + Unpin> PingIo<IO> {
                 break;
             }
             let take = n.min(buf.len());
-            self.written.advance(&buf[..take]);
+            self.wrote_one(&buf[..take]);
             n -= take;
         }
+    }
+
+    /// The same for bytes of h2's that went out unchanged: a frame of interest among them
+    /// could not be held back (split across writes) and is what the peer now knows.
+    fn wrote_one(&mut self, bytes: &[u8]) {
+        let window = &mut self.window;
+        self.written.advance(bytes, &mut |event| match event {
+            Event::Header { kind, flags, .. } if kind == TYPE_SETTINGS && flags & FLAG_ACK == 0 => {
+                window.settings_passed()
+            }
+            Event::Update { stream, increment } if stream != 0 => {
+                window.h2_update_passed(stream, increment)
+            }
+            _ => {}
+        });
+    }
+
+    fn due(&self) -> bool {
+        self.sample_due || self.window.has_due()
     }
 }
 
@@ -341,8 +507,27 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for PingIo<IO> {
         let start = buf.filled().len();
         ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
         let read = buf.filled().len() - start;
-        let end = strip_acks(&mut this.read, &this.handle, &mut buf.filled_mut()[start..]);
+        let end = strip_acks(
+            &mut this.read,
+            &this.handle,
+            &mut this.window,
+            &mut this.sample_due,
+            &mut buf.filled_mut()[start..],
+        );
         buf.set_filled(start + end);
+        let window = if this.window.pacing() {
+            this.window.target()
+        } else {
+            0
+        };
+        this.handle.0.window.store(window, Ordering::Relaxed);
+        // What the read made due (a WINDOW_UPDATE for the data, a measuring PING) goes out
+        // now, not when h2 next writes.
+        if this.due() {
+            if let Poll::Ready(Ok(true)) = this.poll_inject(cx) {
+                let _ = Pin::new(&mut this.io).poll_flush(cx);
+            }
+        }
         if read > 0 && end == 0 {
             // Everything read was ours: nothing for h2 yet, and an empty read would look
             // like the end of the stream. Read again at once.
@@ -354,25 +539,45 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for PingIo<IO> {
 }
 
 /// Removes whole ACKs of our PINGs from `bytes` (just read, in order), records them and those
-/// split across reads (which h2 then sees and ignores), and returns how many bytes are left
-/// at the front.
-fn strip_acks(frames: &mut Frames, handle: &PingHandle, bytes: &mut [u8]) -> usize {
+/// split across reads (which h2 then sees and ignores), tells `window` of the peer's streams
+/// and data, and returns how many bytes are left at the front.
+fn strip_acks(
+    frames: &mut Frames,
+    handle: &PingHandle,
+    window: &mut LinkWindow,
+    sample_due: &mut bool,
+    bytes: &mut [u8],
+) -> usize {
+    let now = Instant::now();
+    let mut on = |event| match event {
+        Event::Ack { sample: false, seq } => handle.answered(seq),
+        Event::Ack { sample: true, .. } => window.sample_answered(now),
+        Event::Header {
+            kind: TYPE_HEADERS,
+            stream,
+            ..
+        } => window.peer_headers(stream),
+        Event::Header {
+            kind: TYPE_DATA,
+            stream,
+            len,
+            ..
+        } => *sample_due |= window.peer_data(stream, len, now),
+        _ => {}
+    };
     let mut len = bytes.len();
     let mut at = 0;
     while at < len {
         if frames.at_boundary() {
-            if let Some(seq) = our_ack(&bytes[at..len]) {
-                handle.answered(seq);
+            if let Some((sample, seq)) = our_ack(&bytes[at..len]) {
+                on(Event::Ack { sample, seq });
                 bytes.copy_within(at + PING_FRAME..len, at);
                 len -= PING_FRAME;
                 continue;
             }
         }
         let n = frames.step().min(len - at);
-        frames.advance(&bytes[at..at + n]);
-        if let Some(seq) = frames.ack.take() {
-            handle.answered(seq);
-        }
+        frames.advance(&bytes[at..at + n], &mut on);
         at += n;
     }
     len
@@ -389,8 +594,12 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for PingIo<IO> {
             return Poll::Ready(Err(killed_error()));
         }
         ready!(this.poll_inject(cx))?;
-        let n = ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
-        this.written.advance(&buf[..n]);
+        if let Some(n) = this.intercept(buf) {
+            return Poll::Ready(Ok(n));
+        }
+        let limit = this.pass_limit(buf);
+        let n = ready!(Pin::new(&mut this.io).poll_write(cx, &buf[..limit]))?;
+        this.wrote_one(&buf[..n]);
         Poll::Ready(Ok(n))
     }
 
@@ -404,6 +613,20 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for PingIo<IO> {
             return Poll::Ready(Err(killed_error()));
         }
         ready!(this.poll_inject(cx))?;
+        // h2 encodes its control frames into the first buffer (later ones hold DATA
+        // payloads), so that is where frames of interest are looked for.
+        let first = bufs.iter().find(|b| !b.is_empty()).map(|b| &b[..]);
+        if let Some(first) = first {
+            if let Some(n) = this.intercept(first) {
+                return Poll::Ready(Ok(n));
+            }
+            let limit = this.pass_limit(first);
+            if limit < first.len() {
+                let n = ready!(Pin::new(&mut this.io).poll_write(cx, &first[..limit]))?;
+                this.wrote_one(&first[..n]);
+                return Poll::Ready(Ok(n));
+            }
+        }
         let n = ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs))?;
         this.wrote(bufs, n);
         Poll::Ready(Ok(n))
@@ -437,3 +660,4 @@ impl<IO> tonic::transport::server::Connected for PingIo<IO> {
 
 #[cfg(test)]
 mod tests;
+mod window;

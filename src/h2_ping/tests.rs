@@ -59,7 +59,13 @@ fn only_our_acks_at_frame_boundaries_are_taken_out_whatever_the_read_sizes() {
         let mut out = Vec::new();
         for piece in with.chunks(chunk) {
             let mut piece = piece.to_vec();
-            let n = strip_acks(&mut frames, &handle, &mut piece);
+            let n = strip_acks(
+                &mut frames,
+                &handle,
+                &mut LinkWindow::new(),
+                &mut false,
+                &mut piece,
+            );
             out.extend_from_slice(&piece[..n]);
         }
         if chunk == with.len() {
@@ -161,4 +167,134 @@ async fn pings_between_h2_frames_are_answered_and_h2_never_sees_them() {
     handle.kill();
     let ended = tokio::time::timeout(std::time::Duration::from_secs(10), server).await;
     assert!(ended.is_ok(), "the killed connection did not end");
+}
+
+/// Serves h2 over `io` (wrapped) with a large stream window, as the agent port does: each
+/// request's body is read whole (`read` says whether the app reads at all) and answered
+/// with its length and a checksum.
+fn paced_server(
+    io: tokio::io::DuplexStream,
+    read: bool,
+) -> tokio::task::JoinHandle<Result<(), h2::Error>> {
+    let (io, _handle) = PingIo::new(io);
+    tokio::spawn(async move {
+        let mut conn = h2::server::Builder::new()
+            .initial_window_size(8 << 20)
+            .initial_connection_window_size(32 << 20)
+            .handshake::<_, bytes::Bytes>(io)
+            .await?;
+        while let Some(request) = conn.accept().await {
+            let (request, mut respond) = request?;
+            tokio::spawn(async move {
+                let mut body = request.into_body();
+                if !read {
+                    std::future::pending::<()>().await;
+                }
+                let (mut len, mut sum) = (0u64, 0u64);
+                while let Some(chunk) = body.data().await {
+                    let chunk = chunk.unwrap();
+                    body.flow_control().release_capacity(chunk.len()).unwrap();
+                    len += chunk.len() as u64;
+                    sum = chunk
+                        .iter()
+                        .fold(sum, |s, b| s.wrapping_mul(31).wrapping_add(u64::from(*b)));
+                }
+                let mut send = respond
+                    .send_response(http::Response::new(()), false)
+                    .unwrap();
+                send.send_data(format!("{len} {sum}").into_bytes().into(), true)
+                    .unwrap();
+            });
+        }
+        Ok(())
+    })
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+        .collect()
+}
+
+fn checksum(data: &[u8]) -> u64 {
+    data.iter()
+        .fold(0u64, |s, b| s.wrapping_mul(31).wrapping_add(u64::from(*b)))
+}
+
+async fn upload(client: &mut h2::client::SendRequest<bytes::Bytes>, data: Vec<u8>) -> String {
+    let request = http::Request::post("http://x/").body(()).unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    let mut rest = bytes::Bytes::from(data);
+    while !rest.is_empty() {
+        send.reserve_capacity(rest.len().min(1 << 20));
+        let got = std::future::poll_fn(|cx| send.poll_capacity(cx))
+            .await
+            .unwrap()
+            .unwrap();
+        let chunk = rest.split_to(got.min(rest.len()));
+        send.send_data(chunk, rest.is_empty()).unwrap();
+    }
+    let mut body = response.await.unwrap().into_body();
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        out.extend_from_slice(&chunk.unwrap());
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Against h2 on both sides: the rewritten SETTINGS, held-back WINDOW_UPDATEs and our own
+/// never make either h2 see a flow-control error; a second stream (not paced) moves too;
+/// every byte arrives. With a pipe of a few dozen bytes, frames are split across writes.
+#[tokio::test]
+async fn a_paced_stream_and_another_carry_every_byte_with_any_write_sizes() {
+    for pipe in [64 << 10, 100, 33] {
+        let (client_io, server_io) = tokio::io::duplex(pipe);
+        let server = paced_server(server_io, true);
+        let (mut client, conn) = h2::client::handshake(client_io).await.unwrap();
+        let conn = tokio::spawn(conn);
+        let size = if pipe < 1000 { 300 << 10 } else { 12 << 20 };
+        let first = pattern(size, 1);
+        let want = format!("{} {}", first.len(), checksum(&first));
+        assert_eq!(upload(&mut client, first).await, want, "pipe {pipe}");
+        let second = pattern(size / 2, 2);
+        let want2 = format!("{} {}", second.len(), checksum(&second));
+        let mut other = client.clone();
+        let third = pattern(size / 3, 3);
+        let want3 = format!("{} {}", third.len(), checksum(&third));
+        let (a, b) = tokio::join!(upload(&mut other, second), upload(&mut client, third));
+        assert_eq!((a, b), (want2, want3), "pipe {pipe}");
+        drop(client);
+        drop(other);
+        let _ = conn.await;
+        server.abort();
+    }
+}
+
+/// A server app that does not read: the client can send h2's window on the paced stream,
+/// no more, and neither side errs.
+#[tokio::test]
+async fn an_app_that_does_not_read_holds_the_peer_at_h2s_window() {
+    let (client_io, server_io) = tokio::io::duplex(64 << 10);
+    let server = paced_server(server_io, false);
+    let (mut client, conn): (h2::client::SendRequest<bytes::Bytes>, _) =
+        h2::client::handshake(client_io).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let request = http::Request::post("http://x/").body(()).unwrap();
+    let (_response, mut send) = client.send_request(request, false).unwrap();
+    let mut sent = 0usize;
+    loop {
+        send.reserve_capacity(1 << 20);
+        let got = tokio::time::timeout(
+            std::time::Duration::from_millis(500),
+            std::future::poll_fn(|cx| send.poll_capacity(cx)),
+        )
+        .await;
+        let Ok(Some(Ok(n))) = got else { break };
+        send.send_data(vec![0u8; n].into(), false).unwrap();
+        sent += n;
+        assert!(sent <= 8 << 20, "sent {sent}, past h2's window");
+    }
+    assert_eq!(sent, 8 << 20, "h2's window, all of it, in the end");
+    assert!(!conn.is_finished(), "the connection is still up");
+    server.abort();
 }
