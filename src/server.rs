@@ -55,9 +55,11 @@ fn grpc_server(keepalive: Duration, stream_window: u32) -> tonic::transport::Ser
         // grpc-go sets no stream limit; hyper's default of 200 would starve clients that open
         // one stream per dial on a shared connection.
         .max_concurrent_streams(Some(u32::MAX))
-        // Fixed, generous windows rather than the adaptive (BDP) window: the adaptive one
-        // starts at 64 KiB, and h2 then answers a burst of small frames (many dials at once on
-        // one connection) with GOAWAY ENHANCE_YOUR_CALM, killing every tunnel on it.
+        // Fixed, generous windows in h2 rather than hyper's adaptive (BDP) window: that one
+        // starts at 64 KiB for the connection too, and h2 then answers a burst of small
+        // frames (many dials at once on one connection) with GOAWAY ENHANCE_YOUR_CALM, killing
+        // every tunnel on it. On agent connections, what the agent is told follows the link
+        // (`h2_ping::window`), within the stream window h2 accounts.
         .initial_stream_window_size(Some(stream_window))
         .initial_connection_window_size(Some(CONNECTION_WINDOW))
 }

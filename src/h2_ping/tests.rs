@@ -52,10 +52,7 @@ fn only_our_acks_at_frame_boundaries_are_taken_out_whatever_the_read_sizes() {
     let (with, without) = client_stream(7);
     for chunk in [1, 2, 5, 9, 16, 17, 18, 40, with.len()] {
         let handle = handle_expecting(7);
-        let mut frames = Frames {
-            preface: CLIENT_PREFACE_LEN,
-            ..Frames::default()
-        };
+        let mut frames = Frames::with_preface(CLIENT_PREFACE_LEN);
         let mut out = Vec::new();
         for piece in with.chunks(chunk) {
             let mut piece = piece.to_vec();

@@ -524,8 +524,12 @@ impl FrontendLink {
 /// Notes the end of the tunnel that a control packet toward the frontend means.
 fn note_terminal(link: &FrontendLink, packet: &Packet) {
     use crate::proto::packet::Payload;
-    if let Some(Payload::CloseResponse(_)) = &packet.payload {
-        link.close_sent.store(true, Ordering::Release);
+    if let Some(Payload::CloseResponse(rsp)) = &packet.payload {
+        // Its own connection's: a refusal for another id (a CLOSE_REQ it does not own)
+        // leaves the tunnel open.
+        if rsp.connect_id != 0 && rsp.connect_id == link.connect_id() {
+            link.close_sent.store(true, Ordering::Release);
+        }
     }
     match &packet.payload {
         Some(Payload::CloseResponse(rsp)) if rsp.error.is_empty() => {

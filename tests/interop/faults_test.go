@@ -72,16 +72,17 @@ const (
 	slowDialTimeout = 15 * time.Second
 	slowFill        = 3 * time.Second  // the download fills the link's buffers first
 	slowBudget      = 45 * time.Second // no dial starts later than this after the first
-	// Goals, reported (FAULT-GOAL-MISSED), not asserted: ours keeps a fixed 2 MiB window on
-	// agent streams, so a download queues up to 2 MiB ahead of each DIAL_RSP (8 s at 256 KB/s).
-	// hyper's adaptive window met these (p50 1.06-1.15 s) but starved 200 tunnels on one
-	// loopback agent (reload_under_load, memory_budget_grpc): see the README.
+	// Goals, reported (FAULT-GOAL-MISSED) rather than asserted, as they are timings on a
+	// shared machine: ours holds an agent to a receive window that follows the link
+	// (src/h2_ping/window.rs), so little of a download queues ahead of a DIAL_RSP. Measured
+	// p50 0.68 s, max 1.03 s (Go 1.05 s, 1.18 s); with the fixed 2 MiB window it was 8-9 s.
 	slowP50Limit = time.Second
 	slowMaxLimit = 2 * time.Second
 
 	// latency. A goal for ours, reported (FAULT-GOAL-MISSED): MB/s >= latMinRatio x upstream's
-	// in the same run (one download each, at the same time). The fixed 2 MiB window caps a
-	// stream at 2 MiB per round trip (about 0.75x Go's here); see slowP50Limit.
+	// in the same run (one download each, at the same time). The window grows with the
+	// measured bandwidth up to 8 MiB per round trip (19.9 MB/s against Go's 19.1 measured;
+	// 0.75x Go with the fixed 2 MiB window).
 	latMinRatio = 1.0
 	latMS       = 50
 	latJitter   = 10
