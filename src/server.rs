@@ -28,10 +28,10 @@ pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 /// HTTP/2 flow-control windows on the frontend port, as h2 accounts them.
 const STREAM_WINDOW: u32 = 2 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
-/// An agent's stream window as h2 accounts it: the most its agent is ever allowed in flight.
-/// What the agent is told follows the link (`h2_ping::window`), from 64 KiB up to this,
-/// which fills a 100 ms round trip at 80 MB/s.
-const AGENT_STREAM_WINDOW: u32 = 8 << 20;
+/// An agent's stream window as h2 accounts it: the most its agent is ever allowed in flight,
+/// and so the most an agent can make the server buffer. What the agent is told follows the
+/// link (`h2_ping::window`), from 64 KiB up to this.
+const AGENT_STREAM_WINDOW: u32 = STREAM_WINDOW;
 /// After the drain, how long stopping the servers may take.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 

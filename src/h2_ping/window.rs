@@ -33,6 +33,16 @@ const MIN_SAMPLE_GAP: std::time::Duration = std::time::Duration::from_millis(10)
 const MAX_SAMPLE_GAP: std::time::Duration = std::time::Duration::from_secs(1);
 const STABLE_SAMPLES: u32 = 4;
 
+/// A target that the best bandwidth seen drains within this long may always be raised to:
+/// what it queues ahead of a DIAL_RSP costs at most this much, and on a fast link shared by
+/// many tunnels (or a busy server) the bandwidth gain a raise brings can be too small to see.
+const QUEUE_BUDGET_SECS: f64 = 0.25;
+
+/// Whether `target` bytes drain within [`QUEUE_BUDGET_SECS`] at `bandwidth` bytes/s.
+fn within_budget(target: u32, bandwidth: f64) -> bool {
+    f64::from(target) <= bandwidth * QUEUE_BUDGET_SECS
+}
+
 /// SETTINGS_INITIAL_WINDOW_SIZE (RFC 9113, section 6.5.2).
 const SETTINGS_INITIAL_WINDOW_SIZE: u16 = 0x4;
 
@@ -194,29 +204,33 @@ impl LinkWindow {
             .max(1e-6);
         let bandwidth = sample.bytes as f64 / rtt;
         let fills = sample.bytes * 3 >= u64::from(self.target) * 2;
+        let best_before = sample.best;
+        let best = best_before.max(bandwidth);
+        sample.best = best;
         if let Some(before) = sample.probing.take() {
-            // The sample at the larger target: if it carried no more than the one before,
-            // the link was full already and the larger target only queues; go back.
-            if bandwidth < sample.best * GROWTH_BANDWIDTH {
+            // The sample at the larger target: if it carried no more than the one before and
+            // the larger target queues more than the budget, the link was full already; go
+            // back.
+            if bandwidth < best_before * GROWTH_BANDWIDTH && !within_budget(self.target, best) {
                 self.target = before;
                 sample.stable = 0;
                 sample.gap = (sample.gap * 2).min(MAX_SAMPLE_GAP);
                 return;
             }
         }
-        if fills && (bandwidth >= sample.best * GROWTH_BANDWIDTH || sample.stable >= STABLE_SAMPLES)
-        {
+        let grown = (sample.bytes * 2).min(u64::from(self.h2_window)) as u32;
+        let raise = bandwidth >= best_before * GROWTH_BANDWIDTH
+            || within_budget(grown, best)
+            || sample.stable >= STABLE_SAMPLES;
+        if fills && raise && grown > self.target {
             // Larger, on trial (a probe every few steady samples too, as the link may
             // have become faster).
-            sample.best = sample.best.max(bandwidth);
             sample.probing = Some(self.target);
-            let grown = (sample.bytes * 2).min(u64::from(self.h2_window)) as u32;
-            self.target = self.target.max(grown);
+            self.target = grown;
             sample.gap = MIN_SAMPLE_GAP;
             sample.stable = 0;
             self.top_up();
         } else {
-            sample.best = sample.best.max(bandwidth);
             sample.stable += 1;
             if sample.stable >= STABLE_SAMPLES {
                 sample.gap = (sample.gap * 2).min(MAX_SAMPLE_GAP);
@@ -417,6 +431,22 @@ mod tests {
             now += std::time::Duration::from_millis(50);
         }
         assert!(w.target() <= 128 << 10, "target {}", w.target());
+
+        // A fast link that is full (a busy server, many tunnels): the bandwidth stays at
+        // 20 MB/s whatever the window, but a window it drains in 250 ms costs little, so
+        // the target still grows to about that.
+        let mut w = paced(16 << 20);
+        let mut now = Instant::now();
+        for _ in 0..200 {
+            let target = w.target();
+            if w.peer_data(1, target as usize, now) {
+                now += std::time::Duration::from_secs_f64(f64::from(target) / 20e6);
+                w.sample_answered(now);
+            }
+            now += std::time::Duration::from_millis(20);
+        }
+        let t = f64::from(w.target());
+        assert!((2.5e6..=10e6).contains(&t), "target {t}");
     }
 
     #[test]
