@@ -403,6 +403,22 @@ mod tests {
         assert_eq!(sent, 256 << 10, "h2's window, no more");
     }
 
+    /// A link whose bandwidth is used up (`rate` bytes/s): a round trip lasts as long as
+    /// what is in flight takes to drain; samples `gap_ms` apart, `rounds` times.
+    fn full_link(rate: f64, rounds: usize, gap_ms: u64) -> LinkWindow {
+        let mut w = paced(16 << 20);
+        let mut now = Instant::now();
+        for _ in 0..rounds {
+            let target = w.target();
+            if w.peer_data(1, target as usize, now) {
+                now += std::time::Duration::from_secs_f64(f64::from(target) / rate);
+                w.sample_answered(now);
+            }
+            now += std::time::Duration::from_millis(gap_ms);
+        }
+        w
+    }
+
     #[test]
     fn the_target_grows_while_the_bandwidth_grows_and_stops_on_a_full_link() {
         let mut w = paced(16 << 20);
@@ -420,31 +436,13 @@ mod tests {
         assert_eq!(w.target(), 16 << 20, "grew to h2's window");
 
         // A slow link: the round trip grows with what is in flight, the bandwidth does not.
-        let mut w = paced(16 << 20);
-        let mut now = Instant::now();
-        for _ in 0..40 {
-            let target = w.target();
-            if w.peer_data(1, target as usize, now) {
-                now += std::time::Duration::from_secs_f64(f64::from(target) / 256_000.0);
-                w.sample_answered(now);
-            }
-            now += std::time::Duration::from_millis(50);
-        }
+        let w = full_link(256_000.0, 40, 50);
         assert!(w.target() <= 128 << 10, "target {}", w.target());
 
         // A fast link that is full (a busy server, many tunnels): the bandwidth stays at
         // 20 MB/s whatever the window, but a window it drains in 250 ms costs little, so
         // the target still grows to about that.
-        let mut w = paced(16 << 20);
-        let mut now = Instant::now();
-        for _ in 0..200 {
-            let target = w.target();
-            if w.peer_data(1, target as usize, now) {
-                now += std::time::Duration::from_secs_f64(f64::from(target) / 20e6);
-                w.sample_answered(now);
-            }
-            now += std::time::Duration::from_millis(20);
-        }
+        let w = full_link(20e6, 200, 20);
         let t = f64::from(w.target());
         assert!((2.5e6..=10e6).contains(&t), "target {t}");
     }

@@ -20,6 +20,7 @@ use futures_util::task::AtomicWaker;
 use crate::metrics::{Metrics, Segment};
 use crate::proto::Packet;
 use crate::wire::data_len;
+pub use budget::QueueBudget;
 pub use facts::{Origin, TunnelFacts};
 
 static NEXT_LINK_UID: AtomicU64 = AtomicU64::new(1);
@@ -47,74 +48,6 @@ pub struct QueueLimits {
     pub hard_bytes: usize,
     /// How long a full queue may go without the frontend taking anything.
     pub stall: Duration,
-}
-
-/// The bytes queued toward all frontends of one server, and their ceiling
-/// (--frontend-queue-budget-bytes, reloadable). The queues count themselves in here; the agent
-/// dispatch enforces the ceiling (see `backend::dispatch::enforce_budget`).
-pub struct QueueBudget {
-    limit: AtomicUsize,
-    used: AtomicUsize,
-    /// Queues holding at least one byte: the budget's fair share is split among them.
-    holders: AtomicUsize,
-    /// The same queues by link uid, so the budget can find one whose tunnel is already closed
-    /// at its agent but whose frontend never read what was queued.
-    holding: Mutex<std::collections::HashMap<u64, std::sync::Weak<QueueState>>>,
-}
-
-impl QueueBudget {
-    pub fn new(limit: usize) -> QueueBudget {
-        QueueBudget {
-            limit: AtomicUsize::new(limit),
-            used: AtomicUsize::new(0),
-            holders: AtomicUsize::new(0),
-            holding: Mutex::new(std::collections::HashMap::new()),
-        }
-    }
-
-    fn holding(
-        &self,
-    ) -> MutexGuard<'_, std::collections::HashMap<u64, std::sync::Weak<QueueState>>> {
-        // Single inserts and removes only: a poisoned lock is still consistent.
-        self.holding.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Empties the queue that holds the most bytes among those whose frontend is not reading
-    /// (see [`FrontendLink::abort`]). Returns the bytes freed, or `None` if every queue that
-    /// holds anything belongs to a reader.
-    pub fn abort_largest_idle(&self) -> Option<usize> {
-        let victim = self
-            .holding()
-            .values()
-            .filter_map(std::sync::Weak::upgrade)
-            .filter(|q| q.since_progress() >= PROGRESS_WINDOW)
-            .max_by_key(|q| q.bytes.load(Ordering::Acquire))?;
-        victim.aborted.cancel();
-        Some(victim.purge_data())
-    }
-
-    /// A reload changes the ceiling; queues keep what they hold.
-    pub fn set_limit(&self, limit: usize) {
-        self.limit.store(limit, Ordering::Release);
-    }
-
-    pub fn limit(&self) -> usize {
-        self.limit.load(Ordering::Acquire)
-    }
-
-    pub fn used(&self) -> usize {
-        self.used.load(Ordering::Acquire)
-    }
-
-    pub fn is_over(&self) -> bool {
-        self.used() > self.limit()
-    }
-
-    /// What one queue may hold while the budget is exceeded: the budget split evenly among
-    /// the queues that hold anything.
-    fn fair_share(&self) -> usize {
-        self.limit() / self.holders.load(Ordering::Acquire).max(1)
-    }
 }
 
 /// The queued packets themselves, and who is still there at either end.
@@ -613,6 +546,7 @@ impl futures_util::Stream for FrontendQueue {
     }
 }
 
+mod budget;
 mod facts;
 #[cfg(test)]
 mod tests;
