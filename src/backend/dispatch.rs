@@ -286,7 +286,6 @@ async fn close_behind(
     if agent.remove_established(connect_id).is_none() {
         return;
     }
-    let dropped = link.abort();
     let (counter, error, why) = match why {
         Backlog::Overflow => (
             &metrics.frontend.queue_overflows,
@@ -299,7 +298,10 @@ async fn close_behind(
             "the server's frontend queue budget is exhausted and this frontend, holding the most unread data, is not reading",
         ),
     };
+    // Counted before the queue is dropped (tens of MiB may take a while to free): a scrape that
+    // already sees the tunnel gone from the established gauge should see why.
     counter.inc();
+    let dropped = link.abort();
     tracing::warn!(
         agent_id = %agent.agent_id,
         connect_id,

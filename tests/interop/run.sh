@@ -143,14 +143,29 @@ if grep -q 'KNOWN-UPSTREAM-DIFF' "$LOG"; then
   grep -o 'KNOWN-UPSTREAM-DIFF.*' "$LOG" | cut -c1-200 | sed 's/^/  /'
 fi
 
-# Last, so that a log cut in the middle (CI keeps the head and the tail) still shows why:
-# the failed tests and the assertion lines the harness writes (go test -v does not tell a
-# t.Errorf line from a t.Logf one, so these are the harness's own failure phrasings).
+# Last, so that a log cut in the middle (CI keeps the head and the tail) still shows why: each
+# failed test with the last lines its own log wrote. go test -v does not tell a t.Errorf line
+# from a t.Logf one, but it names the test before every stretch of its output (=== RUN/CONT/
+# NAME), and a failing assertion is among the test's last lines.
 if grep -qE -- '--- FAIL' "$LOG"; then
-  echo "why it failed (the failed tests, then the harness's failure lines):"
-  grep -E -- '--- FAIL' "$LOG" | sed 's/^ */  /' | head -n 40
-  grep -E 'FAULT-ASSERTION|timed out after|PANICKED|exited during|forbids skipping|did not come up|: (want|got) |_test\.go:[0-9]+: .*(fail|FAIL|unexpected|mismatch)' "$LOG" |
-    grep -vE 'KNOWN-UPSTREAM-DIFF|\(upstream, reported only\)' | cut -c1-300 | sed 's/^ */  /' | head -n 40
+  echo "why it failed (each failed test, then the last lines of its own log):"
+  awk '
+    /^=== (RUN|CONT|NAME|PAUSE) / { cur = $3; next }
+    /^ *--- (FAIL|PASS|SKIP): / {
+      if ($2 == "FAIL:") { name = $3; if (!(name in failed)) { failed[name] = 1; order[++n] = name } }
+      next
+    }
+    /_test\.go:[0-9]+: / && !/---- last lines of / && cur != "" {
+      k = ++count[cur]; lines[cur, k] = $0
+      if (k > 6) delete lines[cur, k - 6]
+    }
+    END {
+      for (i = 1; i <= n; i++) {
+        name = order[i]; print "  --- FAIL: " name
+        for (k = count[name] - 5; k <= count[name]; k++)
+          if (k >= 1 && ((name, k) in lines)) { l = lines[name, k]; sub(/^ */, "", l); print "      " substr(l, 1, 300) }
+      }
+    }' "$LOG" | head -n 60
 fi
 
 if ! grep -qE -- '--- (PASS|FAIL): Test(Interop|Kube|AgentInterop|Faults)/' "$LOG"; then
