@@ -116,10 +116,7 @@ fn upstream_integration_suite_passes_with_our_agent() {
                 ours_server.into(),
             ],
         ),
-        (
-            "upstream's agent, upstream's in-process server (baseline)",
-            vec!["--agent".into(), upstream_agent],
-        ),
+        (BASELINE, vec!["--agent".into(), upstream_agent]),
     ];
     let runs: Vec<_> = modes
         .into_iter()
