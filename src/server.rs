@@ -29,9 +29,13 @@ pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 const STREAM_WINDOW: u32 = 2 << 20;
 const CONNECTION_WINDOW: u32 = 32 << 20;
 /// An agent's stream window as h2 accounts it: the most its agent is ever allowed in flight,
-/// and so the most an agent can make the server buffer. What the agent is told follows the
-/// link (`h2_ping::window`), from 64 KiB up to this.
-const AGENT_STREAM_WINDOW: u32 = STREAM_WINDOW;
+/// and so the most an agent can make h2 hold while the server's reader of its stream waits
+/// (only while a tunnel's queue is above its hold threshold and still draining). What
+/// the agent is told follows the link (`h2_ping::window`): from 64 KiB, up to 2 MiB where
+/// the link's bandwidth grows with it, and up to this only on a link whose measured
+/// bandwidth-delay product needs more (a distant one: 2 MiB per 100 ms round trip is
+/// 21 MB/s at most).
+const AGENT_STREAM_WINDOW: u32 = 8 << 20;
 /// After the drain, how long stopping the servers may take.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 

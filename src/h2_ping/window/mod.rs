@@ -12,6 +12,12 @@
 //! before, the target becomes twice the sample. A link whose bandwidth is already used (the
 //! round trip grows with the queue) does not raise it.
 //!
+//! Those rules stop at [`NEAR_CEILING`]. Beyond it only the link's own bandwidth-delay
+//! product raises the target: the best bandwidth seen times the shortest round trip seen,
+//! which leaves out whatever queued (in the network, or behind a busy server's readers). A
+//! distant link's pipe is filled; a near link whose round trips are long only because of a
+//! queue keeps [`NEAR_CEILING`].
+//!
 //! Only the first stream the peer opens is paced (an agent's `Connect` stream); any other
 //! stream is given at once what the rewritten SETTINGS withheld, and is h2's alone after.
 
@@ -19,6 +25,17 @@ use tokio::time::Instant;
 
 /// What the peer is allowed first; grpc-go's and HTTP/2's default window.
 pub const FIRST_TARGET: u32 = 64 << 10;
+/// The most the sampling rules raise the target to; beyond, only the link's measured
+/// bandwidth-delay product does.
+pub const NEAR_CEILING: u32 = 2 << 20;
+/// The target beyond [`NEAR_CEILING`] is this many times the link's bandwidth-delay product,
+/// so that jitter and the time a WINDOW_UPDATE takes to arrive do not empty the pipe...
+const BDP_FACTOR: f64 = 2.0;
+/// ...and twice that while every raise is used whole (the bandwidth grew with it by at least
+/// `WHOLE_GAIN`), as the link's capacity is not known yet: the ramp then quadruples the
+/// target per step rather than doubling it.
+const RAMP_FACTOR: f64 = 4.0;
+const WHOLE_GAIN: f64 = 1.5;
 /// A new sample raises the target only if its bandwidth beats the best so far by this much,
 /// and a raise is kept only if the next sample beats it again: on a link whose bandwidth
 /// is used up, a larger window only lengthens the queue.
@@ -38,9 +55,10 @@ const STABLE_SAMPLES: u32 = 4;
 /// many tunnels (or a busy server) the bandwidth gain a raise brings can be too small to see.
 const QUEUE_BUDGET_SECS: f64 = 0.25;
 
-/// Whether `target` bytes drain within [`QUEUE_BUDGET_SECS`] at `bandwidth` bytes/s.
+/// Whether `target` bytes drain within [`QUEUE_BUDGET_SECS`] at `bandwidth` bytes/s (never
+/// beyond [`NEAR_CEILING`]: past it a raise needs the link's own bandwidth-delay product).
 fn within_budget(target: u32, bandwidth: f64) -> bool {
-    f64::from(target) <= bandwidth * QUEUE_BUDGET_SECS
+    target <= NEAR_CEILING && f64::from(target) <= bandwidth * QUEUE_BUDGET_SECS
 }
 
 /// SETTINGS_INITIAL_WINDOW_SIZE (RFC 9113, section 6.5.2).
@@ -82,8 +100,23 @@ struct Sample {
     stable: u32,
     /// The best bandwidth seen (bytes per second).
     best: f64,
+    /// The shortest round trip seen (seconds; 0 before the first).
+    min_rtt: f64,
     /// The target before the last raise, while the sample at the raised one is awaited.
     probing: Option<u32>,
+    /// The last raise brought at least `WHOLE_GAIN` more bandwidth.
+    whole: bool,
+    /// No sample starts before this: the raise just made reaches the peer, and what it sends
+    /// with it comes back, one round trip later; a sample before would measure the old
+    /// target.
+    settle_until: Option<Instant>,
+}
+
+impl Sample {
+    /// The link's bandwidth-delay product as measured so far, in bytes.
+    fn link_bdp(&self) -> f64 {
+        self.best * self.min_rtt
+    }
 }
 
 impl LinkWindow {
@@ -99,6 +132,9 @@ impl LinkWindow {
             due: Vec::new(),
             sample: Sample {
                 gap: MIN_SAMPLE_GAP,
+                // The first raise quadruples, as slow start does: it is taken back at once on
+                // a link it brings nothing.
+                whole: true,
                 ..Sample::default()
             },
         }
@@ -180,7 +216,10 @@ impl LinkWindow {
             sample.bytes += len as u64;
             return false;
         }
-        if self.target >= self.h2_window || sample.last_at.is_some_and(|at| now < at + sample.gap) {
+        if self.target >= self.h2_window
+            || sample.last_at.is_some_and(|at| now < at + sample.gap)
+            || sample.settle_until.is_some_and(|at| now < at)
+        {
             return false;
         }
         sample.sent_at = Some(now);
@@ -198,39 +237,66 @@ impl LinkWindow {
         // The round trip of this sample, not an average: on a link whose bandwidth is used
         // up, the round trip grows with the window, and an average lagging behind would
         // show a bandwidth that is not there.
-        let rtt = now
-            .saturating_duration_since(sent_at)
-            .as_secs_f64()
-            .max(1e-6);
+        let rtt_span = now.saturating_duration_since(sent_at);
+        let rtt = rtt_span.as_secs_f64().max(1e-6);
+        sample.min_rtt = if sample.min_rtt == 0.0 {
+            rtt
+        } else {
+            sample.min_rtt.min(rtt)
+        };
         let bandwidth = sample.bytes as f64 / rtt;
         let fills = sample.bytes * 3 >= u64::from(self.target) * 2;
         let best_before = sample.best;
         let best = best_before.max(bandwidth);
         sample.best = best;
+        // Beyond the near ceiling, what the link itself justifies is never taken back.
+        let justified =
+            self.target > NEAR_CEILING && f64::from(self.target) <= BDP_FACTOR * sample.link_bdp();
         if let Some(before) = sample.probing.take() {
+            sample.whole = bandwidth >= best_before * WHOLE_GAIN;
             // The sample at the larger target: if it carried no more than the one before and
             // the larger target queues more than the budget, the link was full already; go
             // back.
-            if bandwidth < best_before * GROWTH_BANDWIDTH && !within_budget(self.target, best) {
+            if bandwidth < best_before * GROWTH_BANDWIDTH
+                && !within_budget(self.target, best)
+                && !justified
+            {
                 self.target = before;
                 sample.stable = 0;
                 sample.gap = (sample.gap * 2).min(MAX_SAMPLE_GAP);
                 return;
             }
         }
-        let grown = (sample.bytes * 2).min(u64::from(self.h2_window)) as u32;
-        let raise = bandwidth >= best_before * GROWTH_BANDWIDTH
-            || within_budget(grown, best)
+        let factor = if sample.whole {
+            RAMP_FACTOR
+        } else {
+            BDP_FACTOR
+        };
+        let h2_window = u64::from(self.h2_window);
+        let near = (sample.bytes as f64 * factor) as u64;
+        let near = near.min(u64::from(NEAR_CEILING)).min(h2_window) as u32;
+        let raise_near = bandwidth >= best_before * GROWTH_BANDWIDTH
+            || within_budget(near, best)
             || sample.stable >= STABLE_SAMPLES;
-        if fills && raise && grown > self.target {
+        let distant = ((factor * sample.link_bdp()) as u64).min(h2_window) as u32;
+        let grown = if distant > NEAR_CEILING {
+            distant
+        } else if raise_near {
+            near
+        } else {
+            0
+        };
+        if fills && grown > self.target {
             // Larger, on trial (a probe every few steady samples too, as the link may
             // have become faster).
             sample.probing = Some(self.target);
             self.target = grown;
             sample.gap = MIN_SAMPLE_GAP;
             sample.stable = 0;
+            sample.settle_until = Some(now + rtt_span);
             self.top_up();
         } else {
+            sample.whole = false;
             sample.stable += 1;
             if sample.stable >= STABLE_SAMPLES {
                 sample.gap = (sample.gap * 2).min(MAX_SAMPLE_GAP);
@@ -325,157 +391,4 @@ pub fn window_update(stream: u32, increment: u32) -> [u8; 13] {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(window: u32) -> Vec<u8> {
-        let mut frame = vec![0, 0, 12, 0x4, 0, 0, 0, 0, 0];
-        frame.extend_from_slice(&[0, 3, 0, 0, 0, 100]);
-        frame.extend_from_slice(&[0, 4]);
-        frame.extend_from_slice(&window.to_be_bytes());
-        frame
-    }
-
-    fn paced(h2_window: u32) -> LinkWindow {
-        let mut w = LinkWindow::new();
-        let out = w.rewrite_settings(&settings(h2_window)).unwrap();
-        assert_eq!(settings_value(&out, 4), Some((17, FIRST_TARGET)));
-        assert_eq!(settings_value(&out, 3), Some((11, 100)));
-        w.peer_headers(1);
-        w
-    }
-
-    fn updates(w: &mut LinkWindow) -> Vec<(u32, u32)> {
-        let mut out = Vec::new();
-        w.take_due(&mut out);
-        out.chunks(13)
-            .map(|f| {
-                (
-                    u32::from_be_bytes([f[5], f[6], f[7], f[8]]),
-                    u32::from_be_bytes([f[9], f[10], f[11], f[12]]),
-                )
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_peer_is_never_told_more_than_h2_granted_nor_more_than_the_target() {
-        let mut w = paced(1 << 20);
-        let now = Instant::now();
-        let mut told = i64::from(FIRST_TARGET);
-        let mut h2_granted = 1i64 << 20;
-        let mut sent = 0i64;
-        for round in 0..200 {
-            // The peer sends all it may; h2 hands back what it received (the app reads).
-            let may = told - sent;
-            assert!(may <= i64::from(w.target()), "round {round}");
-            if may > 0 {
-                w.peer_data(1, may as usize, now);
-                sent += may;
-                w.h2_update(1, may as u32);
-                h2_granted += may;
-            }
-            for (stream, inc) in updates(&mut w) {
-                assert_eq!(stream, 1);
-                told += i64::from(inc);
-            }
-            assert!(told <= h2_granted, "round {round}");
-        }
-        assert!(sent > 10 << 20, "the stream kept moving: {sent}");
-    }
-
-    #[test]
-    fn an_app_that_stops_reading_stops_the_peer_at_h2s_window() {
-        let mut w = paced(256 << 10);
-        let now = Instant::now();
-        let mut told = i64::from(FIRST_TARGET);
-        let mut sent = 0i64;
-        for _ in 0..100 {
-            let may = told - sent;
-            if may > 0 {
-                w.peer_data(1, may as usize, now);
-                sent += may;
-            }
-            for (_, inc) in updates(&mut w) {
-                told += i64::from(inc);
-            }
-        }
-        assert_eq!(sent, 256 << 10, "h2's window, no more");
-    }
-
-    /// A link whose bandwidth is used up (`rate` bytes/s): a round trip lasts as long as
-    /// what is in flight takes to drain; samples `gap_ms` apart, `rounds` times.
-    fn full_link(rate: f64, rounds: usize, gap_ms: u64) -> LinkWindow {
-        let mut w = paced(16 << 20);
-        let mut now = Instant::now();
-        for _ in 0..rounds {
-            let target = w.target();
-            if w.peer_data(1, target as usize, now) {
-                now += std::time::Duration::from_secs_f64(f64::from(target) / rate);
-                w.sample_answered(now);
-            }
-            now += std::time::Duration::from_millis(gap_ms);
-        }
-        w
-    }
-
-    #[test]
-    fn the_target_grows_while_the_bandwidth_grows_and_stops_on_a_full_link() {
-        let mut w = paced(16 << 20);
-        let mut now = Instant::now();
-        // A distant link: each round trip carries the whole target.
-        for _ in 0..12 {
-            let target = w.target();
-            if !w.peer_data(1, target as usize, now) {
-                break; // at h2's window: nothing left to measure
-            }
-            now += std::time::Duration::from_millis(100);
-            w.sample_answered(now);
-            now += std::time::Duration::from_millis(20);
-        }
-        assert_eq!(w.target(), 16 << 20, "grew to h2's window");
-
-        // A slow link: the round trip grows with what is in flight, the bandwidth does not.
-        let w = full_link(256_000.0, 40, 50);
-        assert!(w.target() <= 128 << 10, "target {}", w.target());
-
-        // A fast link that is full (a busy server, many tunnels): the bandwidth stays at
-        // 20 MB/s whatever the window, but a window it drains in 250 ms costs little, so
-        // the target still grows to about that.
-        let w = full_link(20e6, 200, 20);
-        let t = f64::from(w.target());
-        assert!((2.5e6..=10e6).contains(&t), "target {t}");
-    }
-
-    #[test]
-    fn other_streams_get_what_settings_withheld_and_are_not_paced() {
-        let mut w = paced(1 << 20);
-        w.peer_headers(3);
-        w.peer_headers(3); // trailers
-        assert_eq!(updates(&mut w), vec![(3, (1 << 20) - FIRST_TARGET)]);
-        assert!(!w.h2_update(3, 1000));
-        assert!(w.h2_update(1, 1000));
-        assert!(!w.peer_data(3, 1000, Instant::now()));
-    }
-
-    #[test]
-    fn settings_without_a_window_or_a_small_one_turn_pacing_off() {
-        let mut w = LinkWindow::new();
-        assert!(w
-            .rewrite_settings(&[0, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 1])
-            .is_none());
-        assert!(!w.pacing());
-        let mut w = LinkWindow::new();
-        assert!(w.rewrite_settings(&settings(FIRST_TARGET)).is_none());
-        w.peer_headers(1);
-        assert!(!w.h2_update(1, 10));
-    }
-
-    #[test]
-    fn a_later_settings_with_a_window_hands_over_the_debt() {
-        let mut w = paced(1 << 20);
-        assert!(w.rewrite_settings(&settings(2 << 20)).is_none());
-        assert_eq!(updates(&mut w), vec![(1, (1 << 20) - FIRST_TARGET)]);
-        assert!(!w.h2_update(1, 10));
-    }
-}
+mod tests;
