@@ -9,8 +9,9 @@
 //! control error). The target grows as grpc-go's and hyper's BDP estimators grow theirs: a
 //! PING sent when DATA arrives measures the bytes received within one round trip; when that
 //! sample fills 2/3 of the target and the bandwidth it shows is clearly higher than any seen
-//! before, the target becomes twice the sample. A link whose bandwidth is already used (the
-//! round trip grows with the queue) does not raise it.
+//! before, the target becomes twice the sample (four times while each raise is used whole,
+//! as in TCP's slow start). A link whose bandwidth is already used (the round trip grows with
+//! the queue) does not raise it.
 //!
 //! Those rules stop at [`NEAR_CEILING`]. Beyond it only the link's own bandwidth-delay
 //! product raises the target: the best bandwidth seen times the shortest round trip seen,
@@ -239,11 +240,9 @@ impl LinkWindow {
         // show a bandwidth that is not there.
         let rtt_span = now.saturating_duration_since(sent_at);
         let rtt = rtt_span.as_secs_f64().max(1e-6);
-        sample.min_rtt = if sample.min_rtt == 0.0 {
-            rtt
-        } else {
-            sample.min_rtt.min(rtt)
-        };
+        if sample.min_rtt == 0.0 || rtt < sample.min_rtt {
+            sample.min_rtt = rtt;
+        }
         let bandwidth = sample.bytes as f64 / rtt;
         let fills = sample.bytes * 3 >= u64::from(self.target) * 2;
         let best_before = sample.best;

@@ -78,22 +78,6 @@ fn an_app_that_stops_reading_stops_the_peer_at_h2s_window() {
     assert_eq!(sent, 256 << 10, "h2's window, no more");
 }
 
-/// A link whose bandwidth is used up (`rate` bytes/s): a round trip lasts as long as
-/// what is in flight takes to drain; samples `gap_ms` apart, `rounds` times.
-fn full_link(rate: f64, rounds: usize, gap_ms: u64) -> LinkWindow {
-    let mut w = paced(16 << 20);
-    let mut now = Instant::now();
-    for _ in 0..rounds {
-        let target = w.target();
-        if w.peer_data(1, target as usize, now) {
-            now += std::time::Duration::from_secs_f64(f64::from(target) / rate);
-            w.sample_answered(now);
-        }
-        now += std::time::Duration::from_millis(gap_ms);
-    }
-    w
-}
-
 /// What [`transfer`] saw.
 struct Transfer {
     secs: f64,
@@ -234,14 +218,14 @@ fn a_near_link_keeps_the_near_ceiling() {
 #[test]
 fn the_target_grows_while_the_bandwidth_grows_and_stops_on_a_full_link() {
     // A slow link: the round trip grows with what is in flight, the bandwidth does not.
-    let w = full_link(256_000.0, 40, 50);
-    assert!(w.target() <= 128 << 10, "target {}", w.target());
+    let t = transfer(256e3, Duration::from_micros(50), 2 << 20);
+    assert!(t.last_target <= 128 << 10, "target {}", t.last_target);
 
     // A fast link that is full (a busy server, many tunnels): the bandwidth stays at
     // 20 MB/s whatever the window, but a window it drains in 250 ms costs little, so
     // the target still grows, to the near ceiling (its round trips are queue, not distance).
-    let w = full_link(20e6, 200, 20);
-    assert_eq!(w.target(), NEAR_CEILING);
+    let t = transfer(20e6, Duration::from_micros(50), 64 << 20);
+    assert_eq!(t.last_target, NEAR_CEILING);
 }
 
 #[test]
