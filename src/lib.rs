@@ -26,6 +26,7 @@ mod h2_ping;
 mod kubernetes;
 pub mod tls;
 mod tunnel;
+mod unix_conn;
 
 // The agent side, shared state, the services on each port.
 mod admin;

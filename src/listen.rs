@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::accept::Acceptor;
 use crate::config::{Config, Frontend, FrontendAddr};
 use crate::state::{Shared, Snapshot};
+use crate::unix_conn::UnixConn;
 
 /// How long a TLS handshake may take before the connection is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -374,7 +375,7 @@ pub fn spawn_uds_acceptor(
     listener: UnixListener,
     holds: TaskTracker,
     stop: CancellationToken,
-) -> ReceiverStream<Accepted<tokio::net::UnixStream>> {
+) -> ReceiverStream<Accepted<UnixConn>> {
     let (tx, rx) = mpsc::channel(64);
     let shared = shared.clone();
     let what = what.into();
@@ -401,7 +402,7 @@ pub fn spawn_uds_acceptor(
             };
             if tx
                 .send(Accepted {
-                    io: accepted.io,
+                    io: UnixConn::new(accepted.io),
                     hold,
                     peer,
                 })

@@ -14,7 +14,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{dial_req, within, Harness};
+use common::{dial_req, dial_rsp, within, Harness};
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -113,6 +113,17 @@ async fn invalid_authorities_from_real_clients_open_their_streams() {
     }
     conn.write_all(&out).await.unwrap();
 
+    // Each stream's DIAL_REQ reaches the agent, which answers it; the response HEADERS come
+    // with the DIAL_RSP, as from upstream's server.
+    for stream in [1i64, 3, 5] {
+        assert_eq!(
+            agent.recv().await,
+            dial_req(&format!("10.0.0.{stream}:443"), stream),
+            "stream {stream}'s DIAL_REQ reaches the agent"
+        );
+        agent.send(dial_rsp(stream, 100 + stream, "")).await;
+    }
+
     // The server's frames: SETTINGS (acknowledged here), then response HEADERS per stream.
     let mut responded: HashMap<u32, u8> = HashMap::new();
     let mut header = [0u8; 9];
@@ -145,14 +156,6 @@ async fn invalid_authorities_from_real_clients_open_their_streams() {
             .collect::<std::collections::BTreeSet<_>>(),
         [1, 3, 5].into()
     );
-
-    for stream in [1i64, 3, 5] {
-        assert_eq!(
-            agent.recv().await,
-            dial_req(&format!("10.0.0.{stream}:443"), stream),
-            "stream {stream}'s DIAL_REQ reaches the agent"
-        );
-    }
 
     drop(conn);
     drop(agent);

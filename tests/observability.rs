@@ -305,16 +305,19 @@ async fn a_client_whose_connection_dies_counts_as_canceled() {
     captured();
     let h = Harness::start().await;
     let mut agent = h.agent("agent-cancel").await;
-    let (mut client, sockets) = cuttable_frontend(&h.uds).await;
+    let (client, sockets) = cuttable_frontend(&h.uds).await;
     let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let response = client
-        .proxy(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap();
-    let mut inbound = response.into_inner();
+    // Queued before the call: the response headers come with the DIAL_RSP.
     tx.send(dial_req("10.7.7.7:443", 717171)).await.unwrap();
+    let mut caller = client.clone();
+    let call = tokio::spawn(async move {
+        caller
+            .proxy(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
     assert_eq!(agent.recv().await, dial_req("10.7.7.7:443", 717171));
     agent.send(dial_rsp(717171, 71, "")).await;
+    let mut inbound = call.await.unwrap().unwrap().into_inner();
     assert_eq!(
         inbound.message().await.unwrap(),
         Some(dial_rsp(717171, 71, ""))

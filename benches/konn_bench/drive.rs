@@ -4,11 +4,13 @@
 //! stopped with SIGTERM at the end so the tool writes its output.
 //!
 //! ```text
-//! konn_bench drive --server-bin BIN --upstream-dir DIR --what single|reusable|connect|idle|agents
+//! konn_bench drive --server-bin BIN --upstream-dir DIR
+//!     --what single|reusable|connect|idle|connect-idle|agents
 //!     --count N [--parallel P] [--wrap 'CMD ARGS'] [--before 'SH'] [--after 'SH'] [--settle S]
 //! ```
 //! single/reusable/connect: N short tunnels (1 KiB each way, checked), P at a time (default 8);
-//! idle: N idle single-use gRPC tunnels held; agents: N idle agents held (see agents.rs).
+//! idle: N idle single-use gRPC tunnels held; connect-idle: N idle HTTP-CONNECT tunnels held;
+//! agents: N idle agents held (see agents.rs).
 //! `--after` runs while the idle tunnels or agents are still held.
 
 use std::process::Command;
@@ -64,8 +66,17 @@ pub fn parse_drive(args: &[String]) -> Result<(Opts, Spec)> {
             _ => rest.push(a.clone()),
         }
     }
-    if !["single", "reusable", "connect", "idle", "agents"].contains(&spec.what.as_str()) {
-        bail!("drive: --what single|reusable|connect|idle|agents");
+    if ![
+        "single",
+        "reusable",
+        "connect",
+        "idle",
+        "connect-idle",
+        "agents",
+    ]
+    .contains(&spec.what.as_str())
+    {
+        bail!("drive: --what single|reusable|connect|idle|connect-idle|agents");
     }
     let mut opts = parse_opts(&rest)?;
     opts.server_wrap = wrap;
@@ -122,7 +133,7 @@ async fn short_tunnels(
 
 pub async fn drive(opts: Opts, spec: Spec) -> Result<i32> {
     let (ctx, _far) = make_ctx(&opts)?;
-    let mode = if spec.what == "connect" {
+    let mode = if spec.what == "connect" || spec.what == "connect-idle" {
         FrontMode::HttpConnect
     } else {
         FrontMode::Grpc
@@ -153,8 +164,8 @@ pub async fn drive(opts: Opts, spec: Spec) -> Result<i32> {
     // Warm-up: lazily built state exists before the measured phase.
     if spec.what == "agents" {
         drop(connect_agents(&ctx, env.agent_port, 10, "warm", 10).await?);
-    } else if spec.what == "idle" {
-        let warm = open_idle(&env.sock, ctx.far, 10, ctx.seed()).await?;
+    } else if spec.what == "idle" || spec.what == "connect-idle" {
+        let warm = open_idle(&style, &env.sock, ctx.far, 10, ctx.seed()).await?;
         close_all(warm, Duration::from_secs(60)).await;
     } else {
         short_tunnels(&ctx, &style, &env.sock, 20, spec.parallel.min(20)).await?;
@@ -165,7 +176,9 @@ pub async fn drive(opts: Opts, spec: Spec) -> Result<i32> {
     let t0 = Instant::now();
     let (mut held_tunnels, mut held_agents) = (Vec::new(), Vec::new());
     match spec.what.as_str() {
-        "idle" => held_tunnels = open_idle(&env.sock, ctx.far, spec.count, ctx.seed()).await?,
+        "idle" | "connect-idle" => {
+            held_tunnels = open_idle(&style, &env.sock, ctx.far, spec.count, ctx.seed()).await?
+        }
         "agents" => {
             held_agents = connect_agents(&ctx, env.agent_port, spec.count, "held", 32).await?
         }

@@ -181,6 +181,34 @@ pub const DEFS: &[MetricDef] = &[
         None,
     ),
     m(
+        "connect-idle",
+        "rss_kib_per_tunnel",
+        "server RSS KiB per tunnel",
+        false,
+        Some((0.25, "target")),
+    ),
+    m(
+        "connect-idle",
+        "rss_mib_total",
+        "server RSS MiB with all open",
+        false,
+        None,
+    ),
+    m(
+        "connect-idle",
+        "idle_cpu_ms_per_s",
+        "server CPU while idle, ms/s",
+        false,
+        None,
+    ),
+    m(
+        "connect-idle",
+        "open_per_s",
+        "tunnels opened per s (64 at a time)",
+        true,
+        None,
+    ),
+    m(
         "agents",
         "rss_kib_per_agent",
         "server RSS KiB per agent",
@@ -235,6 +263,8 @@ pub const DEFS: &[MetricDef] = &[
 pub fn defs_for(workload: &str) -> Vec<&'static MetricDef> {
     let base = if workload.starts_with("idle-") {
         "idle"
+    } else if workload.starts_with("connect-idle-") {
+        "connect-idle"
     } else if workload.starts_with("agents-") {
         "agents"
     } else {

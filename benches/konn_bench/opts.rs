@@ -28,6 +28,8 @@ pub struct Opts {
     pub short_timeout_secs: f64,
     pub short_clients: usize,
     pub idle_counts: Vec<usize>,
+    /// `connect-idle`: how many idle HTTP-CONNECT tunnels (one Unix-socket connection each).
+    pub connect_idle_counts: Vec<usize>,
     /// `agents`: how many connected idle agents (one mTLS HTTP/2 connection each).
     pub agent_counts: Vec<usize>,
     pub idle_settle_secs: f64,
@@ -43,13 +45,24 @@ pub struct Opts {
 /// `agent` is the agent comparison (our agent vs upstream's behind each server, and the whole
 /// path): short-single, short-connect, bulk, idle-N (the smallest of `--idle-counts`) and
 /// agent-idle-1/agent-idle-3. `agents` is the server workload of many idle agents.
-pub const ALL_WORKLOADS: &[&str] = &["bulk", "short", "idle", "agents", "hol", "limit", "agent"];
+pub const ALL_WORKLOADS: &[&str] = &[
+    "bulk",
+    "short",
+    "idle",
+    "connect-idle",
+    "agents",
+    "hol",
+    "limit",
+    "agent",
+];
 
 pub fn usage() -> &'static str {
     "usage: konn_bench --server-bin PATH --upstream-dir DIR [--out DIR] [--quick] [--rounds N]\n\
-     \x20      [--workloads bulk,short,idle,agents,hol,limit,agent] [--agent-bin PATH]\n\
+     \x20      [--workloads bulk,short,idle,connect-idle,agents,hol,limit,agent]\n\
+     \x20      [--agent-bin PATH]\n\
      \x20      [--bulk-mib N] [--short-secs S]\n\
      \x20      [--short-clients N] [--short-timeout S] [--idle-counts 1000,10000]\n\
+     \x20      [--connect-idle-counts 2000,10000]\n\
      \x20      [--agent-counts 2000]\n\
      \x20      [--idle-secs S] [--hol-secs S]\n\
      \x20      [--client-window adaptive|fixed] [--keep-tmp] [--repo DIR]\n\
@@ -93,6 +106,7 @@ pub fn parse_opts(args: &[String]) -> Result<Opts> {
         short_timeout_secs: 10.0,
         short_clients: 64,
         idle_counts: if quick { vec![200] } else { vec![1000, 10000] },
+        connect_idle_counts: if quick { vec![200] } else { vec![2000, 10000] },
         agent_counts: if quick { vec![100] } else { vec![2000] },
         idle_settle_secs: if quick { 1.0 } else { 2.0 },
         idle_secs: if quick { 2.0 } else { 5.0 },
@@ -140,6 +154,12 @@ pub fn parse_opts(args: &[String]) -> Result<Opts> {
             "--short-clients" => o.short_clients = val()?.parse()?,
             "--idle-counts" => {
                 o.idle_counts = val()?
+                    .split(',')
+                    .map(|s| s.trim().parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--connect-idle-counts" => {
+                o.connect_idle_counts = val()?
                     .split(',')
                     .map(|s| s.trim().parse())
                     .collect::<Result<_, _>>()?

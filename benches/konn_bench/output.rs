@@ -215,11 +215,12 @@ pub fn write_ratios_csv(opts: &Opts, records: &[Record]) -> Result<()> {
         ("short-connect", "server_cpu_us_per_tunnel"),
         ("idle", "rss_kib_per_tunnel"),
         ("idle", "idle_cpu_ms_per_s"),
+        ("connect-idle", "rss_kib_per_tunnel"),
         ("agents", "rss_kib_per_agent"),
         ("hol", "share_pct"),
     ];
     for (w0, key) in chart {
-        let targets: Vec<String> = if matches!(*w0, "idle" | "agents") {
+        let targets: Vec<String> = if matches!(*w0, "idle" | "connect-idle" | "agents") {
             ws.iter()
                 .filter(|w| w.starts_with(&format!("{w0}-")))
                 .cloned()

@@ -17,6 +17,7 @@ pub fn title(w: &str, opts: &Opts) -> String {
         "short-reusable" => format!("2b. Short tunnels, reusable gRPC (one UDS connection, one Proxy stream per dial; {} clients, {} s)", opts.short_clients, opts.short_secs),
         "short-connect" => format!("2c. Short tunnels, HTTP-CONNECT over the UDS (--mode=http-connect; {} clients, {} s)", opts.short_clients, opts.short_secs),
         w if w.starts_with("idle-") => format!("3. Idle tunnels: {} open single-use gRPC tunnels", &w[5..]),
+        w if w.starts_with("connect-idle-") => format!("3a. Idle HTTP-CONNECT tunnels: {} open CONNECT tunnels over the UDS (--mode=http-connect), one connection each", &w[13..]),
         w if w.starts_with("agents-") => format!("3b. Connected agents: {} idle agents, one mTLS HTTP/2 connection and one Connect stream each (from one process)", &w[7..]),
         "hol" => format!("4. Head-of-line: {} active streaming tunnels with and without one stalled tunnel on the same agent ({} s each)", opts.hol_active, opts.hol_secs),
         "limit" => format!("5. The limit: the bulk transfer over a direct loopback TCP connection ({} each way)", size(opts.bulk_bytes)),
@@ -204,7 +205,7 @@ pub fn summary_rows(records: &[Record]) -> Vec<SummaryRow> {
     let names = workload_names(records);
     let mut items: Vec<(String, &'static MetricDef)> = vec![];
     for d in DEFS.iter().filter(|d| d.target.is_some()) {
-        if matches!(d.workload, "idle" | "agents") {
+        if matches!(d.workload, "idle" | "connect-idle" | "agents") {
             let prefix = format!("{}-", d.workload);
             for w in names.iter().filter(|w| w.starts_with(&prefix)) {
                 items.push((w.to_string(), d));

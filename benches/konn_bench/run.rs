@@ -20,6 +20,7 @@ use crate::output::{machine_info, render_markdown, write_json, write_ratios_csv}
 use crate::procs::{set_pdeathsig, Ports, Proc};
 use crate::report::summary_tables;
 use crate::results::{fmt_num, Metrics, Record};
+use crate::tunnel::Style;
 use crate::workloads::{w_bulk, w_hol, w_idle, w_limit, w_short, Outcome};
 
 /// The heading of the hand-kept breakdown section of RESULTS.md (see benches/profile).
@@ -55,6 +56,11 @@ fn server_group(opts: &Opts, w: &str) -> Vec<String> {
             .idle_counts
             .iter()
             .map(|n| format!("idle-{n}"))
+            .collect(),
+        "connect-idle" => opts
+            .connect_idle_counts
+            .iter()
+            .map(|n| format!("connect-idle-{n}"))
             .collect(),
         "agents" => opts
             .agent_counts
@@ -123,6 +129,13 @@ pub fn job_deadline(opts: &Opts, w: &str) -> Duration {
             let n: f64 = w.trim_start_matches("idle-").parse().unwrap_or(1000.0);
             120.0 + n / 50.0 + opts.idle_secs + opts.idle_settle_secs
         }
+        w if w.starts_with("connect-idle-") => {
+            let n: f64 = w
+                .trim_start_matches("connect-idle-")
+                .parse()
+                .unwrap_or(2000.0);
+            120.0 + n / 50.0 + opts.idle_secs + opts.idle_settle_secs
+        }
         w if w.starts_with("agents") => {
             let n: f64 = w.trim_start_matches("agents-").parse().unwrap_or(2000.0);
             120.0 + n / 20.0 + opts.idle_secs + opts.idle_settle_secs
@@ -142,7 +155,12 @@ pub async fn run_job(ctx: &Ctx, w: &str, pair: Option<Pair>) -> Result<Outcome> 
         ("bulk", Some(i)) => w_bulk(ctx, i).await,
         ("hol", Some(i)) => w_hol(ctx, i).await,
         (s, Some(i)) if s.starts_with("short-") => w_short(ctx, i, &s["short-".len()..]).await,
-        (s, Some(i)) if s.starts_with("idle-") => w_idle(ctx, i, s["idle-".len()..].parse()?).await,
+        (s, Some(i)) if s.starts_with("idle-") => {
+            w_idle(ctx, i, s["idle-".len()..].parse()?, Style::Single).await
+        }
+        (s, Some(i)) if s.starts_with("connect-idle-") => {
+            w_idle(ctx, i, s["connect-idle-".len()..].parse()?, Style::Connect).await
+        }
         (s, Some(i)) if s.starts_with("agents-") => {
             w_agents(ctx, i, s["agents-".len()..].parse()?).await
         }

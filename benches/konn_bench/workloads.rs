@@ -252,6 +252,7 @@ pub async fn w_short(ctx: &Ctx, pair: Pair, which: &str) -> Result<Outcome> {
 }
 
 pub async fn open_idle(
+    style: &Style,
     env_sock: &Path,
     far: SocketAddr,
     n: usize,
@@ -262,10 +263,11 @@ pub async fn open_idle(
     for i in 0..n {
         let sem = sem.clone();
         let sock = env_sock.to_path_buf();
+        let style = style.clone();
         set.spawn(async move {
             let _permit = sem.acquire_owned().await?;
             let fut = async {
-                let mut t = dial(&Style::Single, &sock, far).await?;
+                let mut t = dial(&style, &sock, far).await?;
                 t.send(Bytes::copy_from_slice(&header(
                     MODE_HOLD,
                     seed0 ^ i as u64,
@@ -329,11 +331,17 @@ pub fn summarize_errs(what: &str, errs: &[String]) -> Option<String> {
     ))
 }
 
-pub async fn w_idle(ctx: &Ctx, pair: Pair, n: usize) -> Result<Outcome> {
-    let env = start_env(ctx, pair, FrontMode::Grpc, &format!("idle{n}"), &[]).await?;
+/// `n` idle tunnels held open: single-use gRPC ones (`Style::Single`) or HTTP-CONNECT ones
+/// (`Style::Connect`, the server in `--mode=http-connect`).
+pub async fn w_idle(ctx: &Ctx, pair: Pair, n: usize, style: Style) -> Result<Outcome> {
+    let (mode, name) = match style {
+        Style::Connect => (FrontMode::HttpConnect, format!("connect-idle{n}")),
+        _ => (FrontMode::Grpc, format!("idle{n}")),
+    };
+    let env = start_env(ctx, pair, mode, &name, &[]).await?;
     let pid = env.server.pid();
     // Warm-up: let lazily built state exist before the baseline.
-    let warm = open_idle(&env.sock, ctx.far, 10, ctx.seed()).await?;
+    let warm = open_idle(&style, &env.sock, ctx.far, 10, ctx.seed()).await?;
     let (errs, timeouts) = close_all(warm, Duration::from_secs(10)).await;
     if let Some(e) = summarize_errs("warm-up closes failed", &[errs, timeouts].concat()) {
         bail!(e);
@@ -343,7 +351,7 @@ pub async fn w_idle(ctx: &Ctx, pair: Pair, n: usize) -> Result<Outcome> {
     let agent_pid = env.agent.pid();
     let agent_rss0 = status_kib(agent_pid, "VmRSS");
     let t0 = Instant::now();
-    let tunnels = open_idle(&env.sock, ctx.far, n, ctx.seed()).await?;
+    let tunnels = open_idle(&style, &env.sock, ctx.far, n, ctx.seed()).await?;
     let open_s = t0.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs_f64(ctx.opts.idle_settle_secs)).await;
     let c0 = cpu_secs(pid);

@@ -3,9 +3,11 @@
 #
 #   benches/profile/heap.sh idle   [N_BASE=50] [N_MANY=550]  > table.md
 #   benches/profile/heap.sh agents [N_BASE=20] [N_MANY=320]  > table.md
+#   benches/profile/heap.sh connect-idle [N_BASE=50] [N_MANY=550]  > table.md
 #
 # Runs our server (release + line tables, glibc malloc: see common.sh) under dhat twice, with
-# N_BASE and with N_MANY idle single-use gRPC tunnels (or connected agents) held, and prints
+# N_BASE and with N_MANY idle single-use gRPC tunnels (HTTP-CONNECT ones, or connected
+# agents) held, and prints
 # (bytes live at the heap's peak with N_MANY − with N_BASE) / (N_MANY − N_BASE) per component
 # (dh_group.py). The peak is reached while all are held. Output files stay in $OUT
 # (default target/profile-heap).

@@ -30,6 +30,8 @@ const PREFACE_LEN: usize = 24;
 const FRAME_HEADER_LEN: usize = 9;
 /// How much one read from the socket asks for when bytes must be looked at.
 const READ_CHUNK: usize = 16 * 1024;
+/// The smallest payload read straight into the caller's buffer, not copied through ours.
+const DIRECT_READ_MIN: usize = 4 * 1024;
 const HEADERS: u8 = 0x1;
 const CONTINUATION: u8 = 0x9;
 const END_HEADERS: u8 = 0x4;
@@ -358,7 +360,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
                 continue;
             }
             // Payload bytes are handed over without passing through `output`: from `input`
-            // when some are buffered, else read straight into the caller's buffer.
+            // when some are buffered, else read straight into the caller's buffer when
+            // that is a large read. A small one (the preface, a short DATA payload) reads a
+            // whole chunk into `input` instead: the frames behind it usually came in the
+            // same write, and one read then takes them all.
             if let State::Passthrough(remaining) = this.state {
                 if remaining > 0 && !this.input.is_empty() {
                     let take = remaining.min(this.input.len()).min(buf.remaining());
@@ -368,8 +373,8 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
                     this.release_idle_buffer();
                     return Poll::Ready(Ok(()));
                 }
-                if remaining > 0 && this.input.is_empty() {
-                    let limit = remaining.min(buf.remaining());
+                let limit = remaining.min(buf.remaining());
+                if limit >= DIRECT_READ_MIN && this.input.is_empty() {
                     let mut direct = ReadBuf::new(buf.initialize_unfilled_to(limit));
                     ready!(Pin::new(&mut this.inner).poll_read(cx, &mut direct))?;
                     let n = direct.filled().len();

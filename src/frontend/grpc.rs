@@ -70,6 +70,10 @@ impl ProxyService for ProxyFrontend {
             record: TunnelRecord::new(FrontendKind::Grpc, self.name.clone()),
         };
         shared.tasks.spawn(tunnel.serve(request.into_inner()));
+        // The response's HEADERS go out with its first message (the DIAL_RSP, as grpc-go
+        // sends them), in one write rather than two. A client that resets the stream
+        // meanwhile makes hyper drop this future, and with it the queue.
+        queue.ready().await;
         Ok(Response::new(queue))
     }
 }

@@ -22,6 +22,21 @@ use crate::wire::{dial_request, AGENT_DISCONNECTED_DURING_DIAL, DIAL_TIMEOUT};
 
 /// Upstream reads the client in 32 KiB chunks.
 const READ_CHUNK: usize = 32 * 1024;
+/// The first read of a tunnel's client side asks for this much (see [`next_read_size`]).
+const READ_START: usize = 2 * 1024;
+
+/// The next read's size after one that took `n` of `room` bytes: twice as much after a read
+/// that filled its buffer, up to [`READ_CHUNK`], half as much after one that took less than
+/// a quarter, down to [`READ_START`].
+fn next_read_size(want: usize, n: usize, room: usize) -> usize {
+    if n >= room {
+        (want * 2).min(READ_CHUNK)
+    } else if n < want / 4 {
+        (want / 2).max(READ_START)
+    } else {
+        want
+    }
+}
 
 pub const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
 pub const NO_AGENT: &[u8] = b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: No agent available";
@@ -70,12 +85,34 @@ fn agent_dial_error_response(error: &str) -> Vec<u8> {
 /// Serves one HTTP-CONNECT connection to its end: requests other than CONNECT are answered
 /// with 405 and the connection kept for the next request, as Go's http.Server keeps it.
 /// `frontend` is the frontend's name, for the access line.
-pub async fn serve<S>(shared: Arc<Shared>, mut stream: S, peer: Arc<str>, frontend: Arc<str>)
+pub async fn serve<S>(shared: Arc<Shared>, stream: S, peer: Arc<str>, frontend: Arc<str>)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send,
 {
     let gauge = shared.metrics.frontend.http_connections.clone();
     gauge.inc();
+    // A connection's task keeps the size of its largest state for its whole life, and the
+    // long-lived state is the relay. Reading requests and dialing run in a future of their
+    // own, freed once the tunnel is established, so an idle tunnel's task holds only its
+    // relay's state (all of it in one future was 8 KB in a release build).
+    let relay = Box::pin(requests(&shared, stream, peer, frontend)).await;
+    if let Some(relay) = relay {
+        relay.run().await;
+    }
+    gauge.dec();
+}
+
+/// Answers requests until a CONNECT, which it dials; the relay when the tunnel was
+/// established.
+async fn requests<S>(
+    shared: &Arc<Shared>,
+    mut stream: S,
+    peer: Arc<str>,
+    frontend: Arc<str>,
+) -> Option<Relay<S>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let mut buf = BytesMut::new();
     loop {
         let head = match read_head(&mut stream, buf).await {
@@ -96,10 +133,9 @@ where
             "Received request for host"
         );
         if head.method == "CONNECT" {
-            ConnectTunnel::new(&shared, head.host, peer.clone(), frontend.clone())
-                .run(stream, head.rest)
+            return ConnectTunnel::new(shared, head.host, peer, frontend)
+                .establish(stream, head.rest)
                 .await;
-            break;
         }
         let keep = !head.close && head.body.is_some();
         if stream.write_all(&method_not_allowed(!keep)).await.is_err() || !keep {
@@ -111,7 +147,7 @@ where
             None => break,
         }
     }
-    gauge.dec();
+    None
 }
 
 /// Writes `bytes` and ends the connection.
@@ -141,10 +177,11 @@ fn dial_error_response(error: DialError) -> Vec<u8> {
     }
 }
 
-/// One CONNECT tunnel, from its dial to its end. A connection carries one tunnel, which ends
-/// it; bytes the client sent after the head go to the agent first.
-struct ConnectTunnel<'s> {
-    shared: &'s Arc<Shared>,
+/// One CONNECT tunnel: its dial and the answer to the client (`establish`), then its relay
+/// ([`Relay`]). A connection carries one tunnel, which ends it; bytes the client sent after
+/// the head go to the agent first.
+struct ConnectTunnel {
+    shared: Arc<Shared>,
     link: Arc<FrontendLink>,
     queue: FrontendQueue,
     /// The dial target: Go's r.Host, the request-target (authority form), not the Host header.
@@ -179,20 +216,53 @@ enum DialOutcome {
     ClientGone,
 }
 
-impl<'s> ConnectTunnel<'s> {
+/// An established tunnel: what its relay needs.
+struct Relay<S> {
+    tunnel: ConnectTunnel,
+    dial: Dial,
+    stream: S,
+    early: Bytes,
+    connect_id: i64,
+    agent_id: String,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> Relay<S> {
+    /// Relays until either side ends, releases the dial, and writes the access line.
+    async fn run(self) {
+        let Relay {
+            mut tunnel,
+            dial,
+            stream,
+            early,
+            connect_id,
+            agent_id,
+        } = self;
+        let ends = Established {
+            agent: &dial.agent,
+            agent_id: &agent_id,
+            connect_id,
+        };
+        let ended = tunnel.pump(ends, stream, early).await;
+        tracing::debug!(host = %tunnel.address, agentID = %agent_id, connectionID = connect_id, "Stopping transfer to host");
+        dial.release().await;
+        tunnel.record.log(&tunnel.link, ended);
+    }
+}
+
+impl ConnectTunnel {
     fn new(
-        shared: &'s Arc<Shared>,
+        shared: &Arc<Shared>,
         address: String,
         peer: Arc<str>,
         frontend: Arc<str>,
-    ) -> ConnectTunnel<'s> {
+    ) -> ConnectTunnel {
         let (link, queue) = shared.tunnel_queue();
         link.without_client_segment();
         link.set_destination(&address);
         let mut record = TunnelRecord::new(FrontendKind::HttpConnect, frontend);
         record.destination = address.clone();
         ConnectTunnel {
-            shared,
+            shared: shared.clone(),
             link,
             queue,
             address,
@@ -202,12 +272,13 @@ impl<'s> ConnectTunnel<'s> {
         }
     }
 
-    /// Dials, answers the client, relays until either side ends, and writes the access line.
-    async fn run<S>(mut self, mut stream: S, early: Bytes)
+    /// Dials and answers the client. Returns the relay when the tunnel was established; else
+    /// releases the dial and writes the access line.
+    async fn establish<S>(mut self, mut stream: S, early: Bytes) -> Option<Relay<S>>
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let (shared, address, dial_id) = (self.shared, self.address.clone(), self.dial_id);
+        let (shared, address, dial_id) = (self.shared.clone(), self.address.clone(), self.dial_id);
         let spec = DialSpec {
             kind: FrontendKind::HttpConnect,
             // One tunnel per connection, accepted before any drain began.
@@ -217,7 +288,7 @@ impl<'s> ConnectTunnel<'s> {
             dial_id,
             request: dial_request(&address, dial_id),
         };
-        let mut dial = match dial(shared, &self.link, spec).await {
+        let mut dial = match dial(&shared, &self.link, spec).await {
             Ok(dial) => dial,
             Err(e) => {
                 match e {
@@ -231,7 +302,7 @@ impl<'s> ConnectTunnel<'s> {
                 self.link.note_end(|| format!("dial failed: {e}"));
                 answer(&mut stream, &dial_error_response(e)).await;
                 self.record.log(&self.link, "dial failed");
-                return;
+                return None;
             }
         };
         let agent_id = dial.agent.agent_id.clone();
@@ -243,14 +314,14 @@ impl<'s> ConnectTunnel<'s> {
                 Ok(()) => {
                     tracing::info!(v = 3, host = %address, agentID = %agent_id, connectionID = connect_id, "Connection established, sent 200 OK");
                     tracing::info!(v = 3, host = %address, agentID = %agent_id, connectionID = connect_id, "Starting proxy to host");
-                    let ends = Established {
-                        agent: &dial.agent,
-                        agent_id: &agent_id,
+                    return Some(Relay {
+                        tunnel: self,
+                        dial,
+                        stream,
+                        early: early.freeze(),
                         connect_id,
-                    };
-                    let ended = self.pump(ends, stream, early.freeze()).await;
-                    tracing::debug!(host = %address, agentID = %agent_id, connectionID = connect_id, "Stopping transfer to host");
-                    ended
+                        agent_id,
+                    });
                 }
                 Err(e) => {
                     tracing::error!(err = %e, host = %address, agentID = %agent_id, "failed to send 200 connection established");
@@ -283,6 +354,7 @@ impl<'s> ConnectTunnel<'s> {
         };
         dial.release().await;
         self.record.log(&self.link, ended);
+        None
     }
 
     /// Waits for the agent's answer, the dial deadline, the client leaving, or the server
@@ -293,7 +365,7 @@ impl<'s> ConnectTunnel<'s> {
         stream: &mut S,
         early: &mut BytesMut,
     ) -> DialOutcome {
-        let shared: &Shared = self.shared;
+        let shared: &Shared = &self.shared;
         loop {
             tokio::select! {
                 packet = self.queue.recv() => match packet.and_then(|p| p.payload) {
@@ -374,9 +446,13 @@ impl<'s> ConnectTunnel<'s> {
             if !early.is_empty() {
                 link.facts.add_to_agent(send(early).await?);
             }
-            let mut buf = BytesMut::with_capacity(READ_CHUNK);
+            // The read buffer grows while reads fill it (a transfer) and shrinks while they
+            // do not: a quiet tunnel, of which a server holds thousands, keeps a small one.
+            let mut want = READ_START;
+            let mut buf = BytesMut::new();
             loop {
-                buf.reserve(READ_CHUNK);
+                buf.reserve(want);
+                let room = buf.capacity() - buf.len();
                 match reader.read_buf(&mut buf).await {
                     Ok(0) => {
                         tracing::info!(
@@ -392,7 +468,10 @@ impl<'s> ConnectTunnel<'s> {
                         tracing::error!(err = %e, host, agentID = agent_id, connectionID = connect_id, "Received failure on connection");
                         return Err("client read failed");
                     }
-                    Ok(_) => link.facts.add_to_agent(send(buf.split().freeze()).await?),
+                    Ok(n) => {
+                        want = next_read_size(want, n, room);
+                        link.facts.add_to_agent(send(buf.split().freeze()).await?)
+                    }
                 }
             }
             #[allow(unreachable_code)]
@@ -429,6 +508,23 @@ impl<'s> ConnectTunnel<'s> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_read_size_follows_what_reads_take() {
+        let mut want = READ_START;
+        // A transfer: every read fills its buffer.
+        for _ in 0..10 {
+            want = next_read_size(want, want, want);
+        }
+        assert_eq!(want, READ_CHUNK);
+        // Steady reads of half the buffer keep the size.
+        assert_eq!(next_read_size(want, want / 2, want), want);
+        // Quiet again: small reads bring it back down.
+        for _ in 0..10 {
+            want = next_read_size(want, 100, want);
+        }
+        assert_eq!(want, READ_START);
+    }
 
     #[test]
     fn dial_errors_map_like_upstream() {

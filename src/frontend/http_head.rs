@@ -212,7 +212,9 @@ pub(super) async fn read_head<S: AsyncRead + Unpin>(
                     return Err(HeadError::TooLarge);
                 }
                 let head = parse_head(&buf[..len])?;
-                let rest = buf.split_off(len).freeze();
+                // Copied out (usually nothing: a CONNECT client waits for the 200), so the
+                // head's buffer is freed here rather than held by the tunnel for its life.
+                let rest = Bytes::copy_from_slice(&buf[len..]);
                 return Ok(Head { rest, ..head });
             }
             if buf.len() >= HEAD_READ_LIMIT {

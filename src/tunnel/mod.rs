@@ -527,6 +527,20 @@ impl FrontendQueue {
     pub async fn recv(&mut self) -> Option<Packet> {
         std::future::poll_fn(|cx| self.poll_recv(cx)).await
     }
+
+    /// Waits until a packet is queued or the tunnel has ended, taking nothing.
+    pub async fn ready(&self) {
+        std::future::poll_fn(|cx| {
+            self.state.waker.register(cx.waker());
+            let slots = self.state.slots();
+            if slots.packets.is_empty() && !slots.senders_gone {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await
+    }
 }
 
 impl Drop for FrontendQueue {

@@ -683,19 +683,17 @@ impl Frontend {
         self.connections.load(Ordering::SeqCst)
     }
 
-    /// Opens one `/ProxyService/Proxy` stream.
+    /// Opens one `/ProxyService/Proxy` stream. As konnectivity-client, it does not wait for
+    /// the response headers, which the server sends with its first packet (as upstream's
+    /// does): the first `recv` waits for them.
     pub async fn open(&self) -> Tunnel {
         let (tx, rx) = mpsc::channel(16);
         let mut client = self.client.clone();
-        let response = within(
-            "the Proxy response headers",
-            client.proxy(Request::new(ReceiverStream::new(rx))),
-        )
-        .await
-        .expect("Proxy stream accepted");
+        let call =
+            tokio::spawn(async move { client.proxy(Request::new(ReceiverStream::new(rx))).await });
         Tunnel {
             tx: Some(tx),
-            rx: response.into_inner(),
+            rx: Inbound::Opening(call),
         }
     }
 }
@@ -703,10 +701,34 @@ impl Frontend {
 /// One `/ProxyService/Proxy` stream, as konnectivity-client opens one per dial.
 pub struct Tunnel {
     tx: Option<mpsc::Sender<Packet>>,
-    rx: Streaming<Packet>,
+    rx: Inbound,
+}
+
+type ProxyCall = tokio::task::JoinHandle<Result<tonic::Response<Streaming<Packet>>, Status>>;
+
+/// The server's side of a tunnel: the call until its response headers arrive, then its stream.
+enum Inbound {
+    Opening(ProxyCall),
+    Open(Box<Streaming<Packet>>),
 }
 
 impl Tunnel {
+    /// The server's side, once its response headers have arrived.
+    async fn inbound(&mut self) -> Result<&mut Streaming<Packet>, Status> {
+        if let Inbound::Opening(call) = &mut self.rx {
+            let response = call.await.expect("the Proxy call's task")?;
+            self.rx = Inbound::Open(Box::new(response.into_inner()));
+        }
+        match &mut self.rx {
+            Inbound::Open(stream) => Ok(stream),
+            Inbound::Opening(_) => unreachable!("just opened"),
+        }
+    }
+
+    async fn message(&mut self) -> Result<Option<Packet>, Status> {
+        self.inbound().await?.message().await
+    }
+
     pub async fn send(&self, packet: Packet) {
         let tx = self.tx.as_ref().expect("the tunnel's send side is open");
         within("the frontend to send", tx.send(packet))
@@ -715,7 +737,7 @@ impl Tunnel {
     }
 
     pub async fn recv(&mut self) -> Packet {
-        match within("a packet at the frontend", self.rx.message()).await {
+        match within("a packet at the frontend", self.message()).await {
             Ok(Some(packet)) => packet,
             Ok(None) => panic!("the tunnel stream ended"),
             Err(status) => panic!("the tunnel stream failed: {status:?}"),
@@ -726,7 +748,7 @@ impl Tunnel {
     pub async fn recv_end(&mut self) -> Result<Vec<Packet>, Status> {
         let mut before = Vec::new();
         loop {
-            match within("the end of the tunnel stream", self.rx.message()).await? {
+            match within("the end of the tunnel stream", self.message()).await? {
                 Some(packet) => before.push(packet),
                 None => return Ok(before),
             }

@@ -38,21 +38,25 @@ async fn grpc_paths_are_the_literal_upstream_paths() {
     let mut proxy_grpc = Grpc::new(fe.channel.clone());
     within("ready", proxy_grpc.ready()).await.unwrap();
     let (tx, rx) = tokio::sync::mpsc::channel::<Packet>(4);
-    let response = within(
-        "Proxy",
-        proxy_grpc.streaming(
-            tonic::Request::new(ReceiverStream::new(rx)),
-            PathAndQuery::from_static("/ProxyService/Proxy"),
-            ProstCodec::<Packet, Packet>::default(),
-        ),
-    )
-    .await
-    .expect("/ProxyService/Proxy is served");
-    let mut proxy_rx = response.into_inner();
+    // Sent first, as konnectivity-client does: the response headers come with the DIAL_RSP.
     tx.send(dial_req(ADDRESS, 201)).await.unwrap();
+    let call = tokio::spawn(async move {
+        proxy_grpc
+            .streaming(
+                tonic::Request::new(ReceiverStream::new(rx)),
+                PathAndQuery::from_static("/ProxyService/Proxy"),
+                ProstCodec::<Packet, Packet>::default(),
+            )
+            .await
+    });
     let got = within("DIAL_REQ", agent_rx.message()).await.unwrap();
     assert_eq!(got, Some(dial_req(ADDRESS, 201)));
     agent_tx.send(dial_rsp(201, 1, "")).await.unwrap();
+    let response = within("Proxy", call)
+        .await
+        .unwrap()
+        .expect("/ProxyService/Proxy is served");
+    let mut proxy_rx = response.into_inner();
     let got = within("DIAL_RSP", proxy_rx.message()).await.unwrap();
     assert_eq!(got, Some(dial_rsp(201, 1, "")));
     drop((tx, proxy_rx));
@@ -81,7 +85,7 @@ async fn grpc_paths_are_the_literal_upstream_paths() {
             .unwrap_or_else(|| panic!("{path} must not be served"));
         assert_eq!(status.code(), tonic::Code::Unimplemented, "{path}");
     }
-    drop((agent_tx, agent_rx, agent_grpc, proxy_grpc, fe));
+    drop((agent_tx, agent_rx, agent_grpc, fe));
     h.finish().await;
 }
 
