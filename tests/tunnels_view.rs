@@ -115,33 +115,6 @@ async fn http(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, Str
     .await
 }
 
-async fn tunnels(h: &Harness, query: &str) -> Vec<Value> {
-    let (status, body) = http(h.admin_addr, "GET", &format!("/tunnels{query}")).await;
-    assert_eq!(status, 200, "{body}");
-    serde_json::from_str(&body).unwrap()
-}
-
-/// Polls `/tunnels{query}` until `check` holds; returns the list it held for.
-async fn wait_tunnels(
-    h: &Harness,
-    query: &str,
-    what: &str,
-    check: impl Fn(&[Value]) -> bool,
-) -> Vec<Value> {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let now = tunnels(h, query).await;
-        if check(&now) {
-            return now;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}: /tunnels{query} is {now:#?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
-
 /// A table line's cells: columns are set apart by at least three spaces, and a cell (the
 /// peer: "unix socket") may hold one.
 fn cells(line: &str) -> Vec<&str> {
@@ -188,10 +161,11 @@ async fn a_live_tunnel_is_listed_with_its_bytes_each_way_and_in_the_table() {
         echo(&mut tunnel, connect_id, &payload).await;
         sent += size as u64;
     }
-    let listed = wait_tunnels(&h, "", "the tunnel's bytes", |t| {
-        t.len() == 1 && t[0]["bytes_to_agent"] == sent && t[0]["bytes_to_frontend"] == sent
-    })
-    .await;
+    let listed = h
+        .wait_tunnels("", "the tunnel's bytes", |t| {
+            t.len() == 1 && t[0]["bytes_to_agent"] == sent && t[0]["bytes_to_frontend"] == sent
+        })
+        .await;
     let t = &listed[0];
     assert_eq!(t["connection_id"], connect_id, "{t}");
     assert_eq!(t["dial_id"], 11);
@@ -255,7 +229,7 @@ async fn a_live_tunnel_is_listed_with_its_bytes_each_way_and_in_the_table() {
     tunnel.send(close_req(connect_id)).await;
     tunnel.recv().await;
     h.wait_gauges((0, 0)).await;
-    wait_tunnels(&h, "", "an empty list", |t| t.is_empty()).await;
+    h.wait_tunnels("", "an empty list", |t| t.is_empty()).await;
     agent.stop().await;
 }
 
@@ -268,10 +242,13 @@ async fn a_frontend_that_does_not_read_shows_a_stalled_reader_and_queued_bytes()
     let frontend = h.frontend().await;
     let (tunnel, _) = dial(&frontend, &destination, 5).await;
     // The client reads nothing more.
-    let listed = wait_tunnels(&h, "", "a stalled reader", |t| {
-        t.len() == 1 && t[0]["reader_stalled"] == true && t[0]["queued_bytes"].as_u64() > Some(0)
-    })
-    .await;
+    let listed = h
+        .wait_tunnels("", "a stalled reader", |t| {
+            t.len() == 1
+                && t[0]["reader_stalled"] == true
+                && t[0]["queued_bytes"].as_u64() > Some(0)
+        })
+        .await;
     let t = &listed[0];
     assert_eq!(t["state"], "established", "{t}");
     assert!(
@@ -312,7 +289,7 @@ async fn tunnels_are_filtered_by_agent_and_destination() {
     // And one dial the agent has not answered yet.
     let _pending = h.pending_dial(&frontend, &mut b, "b.example:8080", 3).await;
 
-    let all = tunnels(&h, "").await;
+    let all = h.tunnels("").await;
     assert_eq!(all.len(), 3, "{all:#?}");
     let only = |list: Vec<Value>| -> Vec<(String, String)> {
         let mut v: Vec<_> = list
@@ -329,35 +306,36 @@ async fn tunnels_are_filtered_by_agent_and_destination() {
     };
     let pair = |d: &str, s: &str| (d.to_string(), s.to_string());
     assert_eq!(
-        only(tunnels(&h, "?agent=agent-a").await),
+        only(h.tunnels("?agent=agent-a").await),
         [pair("a.example:443", "established")]
     );
     assert_eq!(
-        only(tunnels(&h, "?agent=agent-b").await),
+        only(h.tunnels("?agent=agent-b").await),
         [
             pair("b.example:80", "established"),
             pair("b.example:8080", "pending")
         ]
     );
     assert_eq!(
-        only(tunnels(&h, "?destination=b.example:80").await),
+        only(h.tunnels("?destination=b.example:80").await),
         [pair("b.example:80", "established")]
     );
     assert_eq!(
-        only(tunnels(&h, "?destination=b.example").await),
+        only(h.tunnels("?destination=b.example").await),
         [
             pair("b.example:80", "established"),
             pair("b.example:8080", "pending")
         ]
     );
     assert!(
-        tunnels(&h, "?destination=b.exam").await.is_empty(),
+        h.tunnels("?destination=b.exam").await.is_empty(),
         "not a substring match"
     );
-    assert!(tunnels(&h, "?agent=agent-a&destination=b.example")
+    assert!(h
+        .tunnels("?agent=agent-a&destination=b.example")
         .await
         .is_empty());
-    let pending = tunnels(&h, "?destination=b.example:8080").await;
+    let pending = h.tunnels("?destination=b.example:8080").await;
     assert_eq!(pending[0]["connection_id"], Value::Null);
     assert_eq!(pending[0]["dial_id"], 3);
     let (status, body) = http(h.admin_addr, "GET", "/tunnels?agnet=x").await;
@@ -380,13 +358,14 @@ async fn tunnels_are_filtered_by_agent_and_destination() {
         "the frontend is told"
     );
     b.send(close_rsp(100, "")).await;
-    let left = wait_tunnels(&h, "?agent=agent-b", "agent-b's closed tunnel to go", |t| {
-        t.len() == 1
-    })
-    .await;
+    let left = h
+        .wait_tunnels("?agent=agent-b", "agent-b's closed tunnel to go", |t| {
+            t.len() == 1
+        })
+        .await;
     assert_eq!(left[0]["state"], "pending");
     assert_eq!(
-        tunnels(&h, "?agent=agent-a").await.len(),
+        h.tunnels("?agent=agent-a").await.len(),
         1,
         "agent-a's tunnel is untouched"
     );
@@ -415,7 +394,7 @@ async fn a_tunnel_is_closed_on_request_only_when_enabled_and_ends_on_both_sides(
         stderr.contains("403") && stderr.contains("--enable-tunnel-close"),
         "{stderr}"
     );
-    assert_eq!(tunnels(&h, "").await.len(), 1, "nothing was closed");
+    assert_eq!(h.tunnels("").await.len(), 1, "nothing was closed");
     let (status, _) = http(h.admin_addr, "GET", &path).await;
     assert_eq!(status, 405, "a close is a POST");
 
@@ -440,12 +419,9 @@ async fn a_tunnel_is_closed_on_request_only_when_enabled_and_ends_on_both_sides(
     )
     .await;
     h.wait_gauges((0, 0)).await;
-    wait_tunnels(
-        &h,
-        "",
-        "an empty list (the agent confirmed the close)",
-        |t| t.is_empty(),
-    )
+    h.wait_tunnels("", "an empty list (the agent confirmed the close)", |t| {
+        t.is_empty()
+    })
     .await;
     let (status, _) = http(h.admin_addr, "POST", &path).await;
     assert_eq!(status, 404);

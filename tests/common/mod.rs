@@ -278,6 +278,34 @@ impl Harness {
         )
     }
 
+    /// `GET /tunnels{query}` on the admin port, as a list of tunnels.
+    pub async fn tunnels(&self, query: &str) -> Vec<serde_json::Value> {
+        let (status, body) = Harness::http_get(self.admin_addr, &format!("/tunnels{query}")).await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("/tunnels is JSON")
+    }
+
+    /// Polls `/tunnels{query}` until `check` holds; returns the list it held for.
+    pub async fn wait_tunnels(
+        &self,
+        query: &str,
+        what: &str,
+        check: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let now = self.tunnels(query).await;
+            if check(&now) {
+                return now;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}: /tunnels{query} is {now:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until (pending dials, established connections) equal `expected`.
     pub async fn wait_gauges(&self, expected: (i64, i64)) {
         eventually(

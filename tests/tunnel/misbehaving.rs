@@ -479,10 +479,20 @@ async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_fi
     for _ in 0..20 {
         agent.send(data(3, chunk.clone())).await;
     }
+    // Every packet sent so far is queued: the server handles an agent's packets in order.
+    assert_eq!(agent.sync().await, vec![], "nothing was closed yet");
     assert_eq!(h.metrics().frontend.queue_budget_closes.get(), 0);
-    // A frontend counts as not reading once it took nothing for 250 ms: let both idle ones
-    // pass that (time only grows, so this cannot be too short under load).
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // A frontend counts as not reading once it took nothing for 250 ms. Both idle ones have
+    // full HTTP/2 windows and take nothing more, so once the server says so, it stays so
+    // (waiting a fixed time from the sends would race the delivery itself under load).
+    h.wait_tunnels("", "both idle frontends to count as not reading", |t| {
+        let stalled = |id: i64| {
+            t.iter()
+                .any(|t| t["connection_id"] == id && t["reader_stalled"] == true)
+        };
+        stalled(2) && stalled(3)
+    })
+    .await;
     // More for the larger one until the budget closes a tunnel: it closes the idle tunnel
     // holding the most, never the reader.
     let mut sent_large = 20;
