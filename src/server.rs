@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -308,7 +308,7 @@ fn spawn_http_connect_frontend(
         name: Arc<str>,
         incoming: impl futures_util::Stream<Item = Accepted<S>> + Send + 'static,
     ) where
-        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        S: crate::frontend::relay_io::RelayIo + 'static,
     {
         servers.spawn(async move {
             let mut incoming = std::pin::pin!(incoming);
@@ -316,11 +316,9 @@ fn spawn_http_connect_frontend(
                 let serve =
                     crate::frontend::http_connect::serve(shared.clone(), io, peer, name.clone());
                 // The connection's drain token lives as long as it is served: its one CONNECT
-                // is its first request.
-                shared.tasks.spawn(async move {
-                    serve.await;
-                    drop(hold);
-                });
+                // is its first request. `map`, not an async block awaiting `serve`: that would
+                // hold the future twice, as a captured value and as the one awaited.
+                shared.tasks.spawn(serve.map(move |()| drop(hold)));
             }
         });
     }

@@ -26,6 +26,11 @@ impl UnixConn {
             peer_closed: false,
         }
     }
+
+    /// The socket itself, for a relay that splits it into owned halves (`RelayIo`).
+    pub fn into_stream(self) -> UnixStream {
+        self.stream
+    }
 }
 
 impl AsyncRead for UnixConn {

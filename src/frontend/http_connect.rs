@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::dial::{dial, Dial, DialError, DialSpec, FrontendKind, Wake};
 use super::http_head::{read_head, skip_body};
+use super::relay_io::RelayIo;
 use super::TunnelRecord;
 use crate::backend::session::AgentSession;
 use crate::proto::packet::Payload;
@@ -37,6 +38,9 @@ fn next_read_size(want: usize, n: usize, room: usize) -> usize {
         want
     }
 }
+
+/// Why a tunnel ended when its client's end of stream was read (the access log's reason).
+const CLIENT_CLOSED: &str = "client closed";
 
 pub const ESTABLISHED: &[u8] = b"HTTP/1.1 200 Connection Established\r\n\r\n";
 pub const NO_AGENT: &[u8] = b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\n\r\ncurrently no tunnels available: No agent available";
@@ -87,14 +91,15 @@ fn agent_dial_error_response(error: &str) -> Vec<u8> {
 /// `frontend` is the frontend's name, for the access line.
 pub async fn serve<S>(shared: Arc<Shared>, stream: S, peer: Arc<str>, frontend: Arc<str>)
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: RelayIo,
 {
     let gauge = shared.metrics.frontend.http_connections.clone();
     gauge.inc();
     // A connection's task keeps the size of its largest state for its whole life, and the
     // long-lived state is the relay. Reading requests and dialing run in a future of their
-    // own, freed once the tunnel is established, so an idle tunnel's task holds only its
-    // relay's state (all of it in one future was 8 KB in a release build).
+    // own, freed once the tunnel is established, and the relay comes back boxed (a value
+    // bound here and moved into `run` would keep its room in this future beside `run`'s), so
+    // an idle tunnel's task holds only its relay's running state.
     let relay = Box::pin(requests(&shared, stream, peer, frontend)).await;
     if let Some(relay) = relay {
         relay.run().await;
@@ -109,9 +114,9 @@ async fn requests<S>(
     mut stream: S,
     peer: Arc<str>,
     frontend: Arc<str>,
-) -> Option<Relay<S>>
+) -> Option<Box<Relay<S>>>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: RelayIo,
 {
     let mut buf = BytesMut::new();
     loop {
@@ -226,9 +231,9 @@ struct Relay<S> {
     agent_id: String,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin + Send> Relay<S> {
+impl<S: RelayIo> Relay<S> {
     /// Relays until either side ends, releases the dial, and writes the access line.
-    async fn run(self) {
+    async fn run(self: Box<Self>) {
         let Relay {
             mut tunnel,
             dial,
@@ -236,7 +241,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Relay<S> {
             early,
             connect_id,
             agent_id,
-        } = self;
+        } = *self;
         let ends = Established {
             agent: &dial.agent,
             agent_id: &agent_id,
@@ -274,9 +279,9 @@ impl ConnectTunnel {
 
     /// Dials and answers the client. Returns the relay when the tunnel was established; else
     /// releases the dial and writes the access line.
-    async fn establish<S>(mut self, mut stream: S, early: Bytes) -> Option<Relay<S>>
+    async fn establish<S>(mut self, mut stream: S, early: Bytes) -> Option<Box<Relay<S>>>
     where
-        S: AsyncRead + AsyncWrite + Unpin + Send,
+        S: RelayIo,
     {
         let (shared, address, dial_id) = (self.shared.clone(), self.address.clone(), self.dial_id);
         let spec = DialSpec {
@@ -314,14 +319,14 @@ impl ConnectTunnel {
                 Ok(()) => {
                     tracing::info!(v = 3, host = %address, agentID = %agent_id, connectionID = connect_id, "Connection established, sent 200 OK");
                     tracing::info!(v = 3, host = %address, agentID = %agent_id, connectionID = connect_id, "Starting proxy to host");
-                    return Some(Relay {
+                    return Some(Box::new(Relay {
                         tunnel: self,
                         dial,
                         stream,
                         early: early.freeze(),
                         connect_id,
                         agent_id,
-                    });
+                    }));
                 }
                 Err(e) => {
                     tracing::error!(err = %e, host = %address, agentID = %agent_id, "failed to send 200 connection established");
@@ -407,7 +412,7 @@ impl ConnectTunnel {
     /// upstream. Returns why it ended, for the access log.
     async fn pump<S>(&mut self, ends: Established<'_>, stream: S, early: Bytes) -> &'static str
     where
-        S: AsyncRead + AsyncWrite + Unpin + Send,
+        S: RelayIo,
     {
         let ConnectTunnel {
             shared,
@@ -418,7 +423,7 @@ impl ConnectTunnel {
         } = self;
         let (host, agent_id, connect_id) = (address.as_str(), ends.agent_id, ends.connect_id);
         let agent = ends.agent;
-        let (mut reader, mut writer) = tokio::io::split(stream);
+        let (mut reader, mut writer) = stream.into_halves();
         let to_agent = async {
             let send = |data: Bytes| async move {
                 let n = data.len();
@@ -447,12 +452,15 @@ impl ConnectTunnel {
                 link.facts.add_to_agent(send(early).await?);
             }
             // The read buffer grows while reads fill it (a transfer) and shrinks while they
-            // do not: a quiet tunnel, of which a server holds thousands, keeps a small one.
+            // do not. It is taken once there is something to read (where the transport can
+            // tell): a quiet tunnel, of which a server holds thousands, holds none.
             let mut want = READ_START;
-            let mut buf = BytesMut::new();
             loop {
-                buf.reserve(want);
-                let room = buf.capacity() - buf.len();
+                if let Err(e) = S::readable(&reader).await {
+                    tracing::error!(err = %e, host, agentID = agent_id, connectionID = connect_id, "Received failure on connection");
+                    return Err("client read failed");
+                }
+                let mut buf = BytesMut::with_capacity(want);
                 match reader.read_buf(&mut buf).await {
                     Ok(0) => {
                         tracing::info!(
@@ -462,15 +470,15 @@ impl ConnectTunnel {
                             connectionID = connect_id,
                             "EOF from host"
                         );
-                        return Err("client closed");
+                        return Err(CLIENT_CLOSED);
                     }
                     Err(e) => {
                         tracing::error!(err = %e, host, agentID = agent_id, connectionID = connect_id, "Received failure on connection");
                         return Err("client read failed");
                     }
                     Ok(n) => {
-                        want = next_read_size(want, n, room);
-                        link.facts.add_to_agent(send(buf.split().freeze()).await?)
+                        want = next_read_size(want, n, buf.capacity());
+                        link.facts.add_to_agent(send(buf.freeze()).await?)
                     }
                 }
             }
@@ -492,7 +500,7 @@ impl ConnectTunnel {
             "agent closed"
         };
         let ended = tokio::select! {
-            ended = to_agent => ended.err().unwrap_or("client closed"),
+            ended = to_agent => ended.err().unwrap_or(CLIENT_CLOSED),
             ended = to_client => ended,
             // Closed from our side (the client stopped reading): a write that waits on it
             // forever must not keep the socket.
@@ -500,7 +508,7 @@ impl ConnectTunnel {
             _ = shared.hard_stop.cancelled() => "server stopped",
         };
         link.note_end(|| ended.to_string());
-        let _ = writer.shutdown().await;
+        S::finish(writer, ended == CLIENT_CLOSED).await;
         ended
     }
 }

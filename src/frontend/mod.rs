@@ -4,6 +4,7 @@ pub mod dial;
 pub mod grpc;
 pub mod http_connect;
 mod http_head;
+pub mod relay_io;
 
 use tokio::time::Instant;
 

@@ -1,0 +1,131 @@
+//! A client connection as the HTTP-CONNECT relay holds it: two halves that read and write at
+//! once, a wait for data that takes no read buffer where the transport can tell, and the end
+//! of the write side.
+//!
+//! A server holds thousands of quiet CONNECT tunnels. Each one waiting in a read would hold
+//! its read buffer for as long as it is quiet; over the Unix socket, readiness comes from the
+//! socket itself, so the buffer is taken only once there is something to read. TLS cannot
+//! tell that way (rustls may already hold decrypted bytes), so it reads straight away.
+
+use std::future::Future;
+use std::io;
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+use crate::unix_conn::UnixConn;
+
+pub trait RelayIo: AsyncRead + AsyncWrite + Unpin + Send + Sized {
+    type Reader: AsyncRead + Unpin + Send;
+    type Writer: AsyncWrite + Unpin + Send;
+
+    fn into_halves(self) -> (Self::Reader, Self::Writer);
+
+    /// Resolves once `reader` has bytes or its end to read, holding no buffer while it waits;
+    /// at once where the transport cannot tell.
+    fn readable(reader: &Self::Reader) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Ends the write side once the relay is over. `peer_closed`: the client's end of stream
+    /// was read.
+    fn finish(writer: Self::Writer, peer_closed: bool) -> impl Future<Output = ()> + Send;
+}
+
+impl RelayIo for UnixConn {
+    type Reader = OwnedReadHalf;
+    type Writer = OwnedWriteHalf;
+
+    fn into_halves(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        self.into_stream().into_split()
+    }
+
+    async fn readable(reader: &OwnedReadHalf) -> io::Result<()> {
+        reader.readable().await
+    }
+
+    async fn finish(mut writer: OwnedWriteHalf, peer_closed: bool) {
+        if peer_closed {
+            // The close that follows ends the stream as a shutdown would (see `unix_conn`);
+            // `forget` keeps the half from shutting the socket down when dropped.
+            writer.forget();
+        } else {
+            let _ = writer.shutdown().await;
+        }
+    }
+}
+
+impl RelayIo for TlsStream<TcpStream> {
+    type Reader = ReadHalf<Self>;
+    type Writer = WriteHalf<Self>;
+
+    fn into_halves(self) -> (ReadHalf<Self>, WriteHalf<Self>) {
+        tokio::io::split(self)
+    }
+
+    async fn readable(_: &ReadHalf<Self>) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Always sends the close_notify alert, as Go's tls.Conn.Close does.
+    async fn finish(mut writer: WriteHalf<Self>, _: bool) {
+        let _ = writer.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::UnixStream;
+
+    /// Whether `f` is still pending after one poll.
+    async fn pending<F: Future + Unpin>(f: &mut F) -> bool {
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::pin::Pin::new(&mut *f).poll(cx).is_pending())
+        })
+        .await
+    }
+
+    /// The wait for data resolves only once the client wrote; the bytes are then there.
+    #[tokio::test]
+    async fn a_unix_reader_waits_for_data_without_a_buffer() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (mut reader, _writer) = UnixConn::new(ours).into_halves();
+        let mut wait = Box::pin(UnixConn::readable(&reader));
+        assert!(pending(&mut wait).await);
+        theirs.write_all(b"hello").await.unwrap();
+        wait.await.unwrap();
+        let mut got = [0u8; 8];
+        assert_eq!(reader.read(&mut got).await.unwrap(), 5);
+        assert_eq!(&got[..5], b"hello");
+    }
+
+    /// Finishing after the client's end leaves the socket open for the close; before it, the
+    /// write side is shut down and the client sees the end at once.
+    #[tokio::test]
+    async fn finish_shuts_down_only_while_the_client_is_open() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (reader, writer) = UnixConn::new(ours).into_halves();
+        UnixConn::finish(writer, false).await;
+        let mut got = Vec::new();
+        let end = tokio::time::timeout(Duration::from_secs(10), theirs.read_to_end(&mut got));
+        end.await
+            .expect("the end, while the read half lives")
+            .unwrap();
+        assert!(got.is_empty());
+        drop(reader);
+
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (reader, mut writer) = UnixConn::new(ours).into_halves();
+        writer.write_all(b"last").await.unwrap();
+        UnixConn::finish(writer, true).await;
+        // Not ended yet: the read half still holds the socket open.
+        let mut wait = Box::pin(theirs.read_to_end(&mut got));
+        assert!(pending(&mut wait).await);
+        drop(reader);
+        wait.await.unwrap();
+        assert_eq!(got, b"last");
+    }
+}
