@@ -75,7 +75,7 @@ pub const DEFS: &[MetricDef] = &[
         "tunnels_per_s",
         "tunnels/s",
         true,
-        Some((1.5, "aim")),
+        Some((1.6, "target")),
     ),
     m(
         "short-single",
@@ -89,14 +89,14 @@ pub const DEFS: &[MetricDef] = &[
         "dial_p99_ms",
         "dial latency p99 ms",
         false,
-        Some((0.5, "aim")),
+        Some((0.55, "target")),
     ),
     m(
         "short-single",
         "server_cpu_us_per_tunnel",
         "server CPU us per tunnel",
         false,
-        Some((0.5, "target")),
+        Some((0.35, "target")),
     ),
     m(
         "short-single",
@@ -126,7 +126,7 @@ pub const DEFS: &[MetricDef] = &[
         "server_cpu_us_per_tunnel",
         "server CPU us per tunnel",
         false,
-        None,
+        Some((0.4, "target")),
     ),
     m("short-reusable", "errors", "failed tunnels", false, None),
     m("short-connect", "tunnels_per_s", "tunnels/s", true, None),
@@ -149,7 +149,7 @@ pub const DEFS: &[MetricDef] = &[
         "server_cpu_us_per_tunnel",
         "server CPU us per tunnel",
         false,
-        None,
+        Some((0.3, "target")),
     ),
     m("short-connect", "errors", "failed tunnels", false, None),
     m(
