@@ -456,13 +456,8 @@ impl ConnectTunnel {
             // tell): a quiet tunnel, of which a server holds thousands, holds none.
             let mut want = READ_START;
             loop {
-                if let Err(e) = S::readable(&reader).await {
-                    tracing::error!(err = %e, host, agentID = agent_id, connectionID = connect_id, "Received failure on connection");
-                    return Err("client read failed");
-                }
-                let mut buf = BytesMut::with_capacity(want);
-                match reader.read_buf(&mut buf).await {
-                    Ok(0) => {
+                match S::read_chunk(&mut reader, want).await {
+                    Ok(buf) if buf.is_empty() => {
                         tracing::info!(
                             v = 1,
                             host,
@@ -476,8 +471,8 @@ impl ConnectTunnel {
                         tracing::error!(err = %e, host, agentID = agent_id, connectionID = connect_id, "Received failure on connection");
                         return Err("client read failed");
                     }
-                    Ok(n) => {
-                        want = next_read_size(want, n, buf.capacity());
+                    Ok(buf) => {
+                        want = next_read_size(want, buf.len(), buf.capacity());
                         link.facts.add_to_agent(send(buf.freeze()).await?)
                     }
                 }

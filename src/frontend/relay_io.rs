@@ -10,7 +10,8 @@
 use std::future::Future;
 use std::io;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
@@ -23,9 +24,13 @@ pub trait RelayIo: AsyncRead + AsyncWrite + Unpin + Send + Sized {
 
     fn into_halves(self) -> (Self::Reader, Self::Writer);
 
-    /// Resolves once `reader` has bytes or its end to read, holding no buffer while it waits;
-    /// at once where the transport cannot tell.
-    fn readable(reader: &Self::Reader) -> impl Future<Output = io::Result<()>> + Send;
+    /// The next bytes from `reader`, in a buffer of `want` bytes' room taken once they are
+    /// there (where the transport can tell; else taken before the wait); empty at the end of
+    /// the stream.
+    fn read_chunk(
+        reader: &mut Self::Reader,
+        want: usize,
+    ) -> impl Future<Output = io::Result<BytesMut>> + Send;
 
     /// Ends the write side once the relay is over. `peer_closed`: the client's end of stream
     /// was read.
@@ -40,8 +45,19 @@ impl RelayIo for UnixConn {
         self.into_stream().into_split()
     }
 
-    async fn readable(reader: &OwnedReadHalf) -> io::Result<()> {
-        reader.readable().await
+    async fn read_chunk(reader: &mut OwnedReadHalf, want: usize) -> io::Result<BytesMut> {
+        loop {
+            reader.readable().await?;
+            let mut buf = BytesMut::with_capacity(want);
+            // A read that would wait gives the buffer back and clears the readiness, so the
+            // wait above is the only one: after a read that left nothing, readiness can still
+            // be set, and a read awaited with the buffer would hold it while the tunnel idles.
+            match reader.try_read_buf(&mut buf) {
+                Ok(_) => return Ok(buf),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     async fn finish(mut writer: OwnedWriteHalf, peer_closed: bool) {
@@ -63,8 +79,10 @@ impl RelayIo for TlsStream<TcpStream> {
         tokio::io::split(self)
     }
 
-    async fn readable(_: &ReadHalf<Self>) -> io::Result<()> {
-        Ok(())
+    async fn read_chunk(reader: &mut ReadHalf<Self>, want: usize) -> io::Result<BytesMut> {
+        let mut buf = BytesMut::with_capacity(want);
+        reader.read_buf(&mut buf).await?;
+        Ok(buf)
     }
 
     /// Always sends the close_notify alert, as Go's tls.Conn.Close does.
@@ -88,18 +106,34 @@ mod tests {
         .await
     }
 
-    /// The wait for data resolves only once the client wrote; the bytes are then there.
+    /// A chunk comes once the client wrote, at most `want` bytes of it; after reads that
+    /// took all there was, the next one waits again (and gets the next bytes); the end of
+    /// the stream is an empty chunk.
     #[tokio::test]
-    async fn a_unix_reader_waits_for_data_without_a_buffer() {
+    async fn a_unix_reader_gets_chunks_once_the_client_writes() {
         let (ours, mut theirs) = UnixStream::pair().unwrap();
         let (mut reader, _writer) = UnixConn::new(ours).into_halves();
-        let mut wait = Box::pin(UnixConn::readable(&reader));
-        assert!(pending(&mut wait).await);
-        theirs.write_all(b"hello").await.unwrap();
-        wait.await.unwrap();
-        let mut got = [0u8; 8];
-        assert_eq!(reader.read(&mut got).await.unwrap(), 5);
-        assert_eq!(&got[..5], b"hello");
+        {
+            let mut wait = Box::pin(UnixConn::read_chunk(&mut reader, 4));
+            assert!(pending(&mut wait).await);
+            theirs.write_all(b"hello").await.unwrap();
+            assert_eq!(&wait.await.unwrap()[..], b"hell");
+        }
+        assert_eq!(
+            &UnixConn::read_chunk(&mut reader, 4).await.unwrap()[..],
+            b"o"
+        );
+        {
+            let mut wait = Box::pin(UnixConn::read_chunk(&mut reader, 4));
+            assert!(pending(&mut wait).await);
+            theirs.write_all(b"more").await.unwrap();
+            assert_eq!(&wait.await.unwrap()[..], b"more");
+        }
+        theirs.shutdown().await.unwrap();
+        assert!(UnixConn::read_chunk(&mut reader, 4)
+            .await
+            .unwrap()
+            .is_empty());
     }
 
     /// Finishing after the client's end leaves the socket open for the close; before it, the
