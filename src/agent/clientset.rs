@@ -213,6 +213,7 @@ impl ClientSet {
             stream
         };
         self.status_changed();
+        self.state.first_connection.cancel();
         self.announced
             .store(connected.server_count, Ordering::Release);
         tracing::info!(

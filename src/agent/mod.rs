@@ -185,6 +185,11 @@ impl RunningAgent {
         self.state.draining.is_cancelled()
     }
 
+    /// Returns once the agent has held a stream to a server (at once if it has).
+    pub async fn first_connection(&self) {
+        self.state.first_connection.cancelled().await;
+    }
+
     /// Waits until no tunnel is open, or `timeout` has passed.
     pub async fn tunnels_ended(&self, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;

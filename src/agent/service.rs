@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{AgentConfig, AgentListeners, AgentOptions, RunningAgent, Snapshot};
 use crate::config::{layers, CommandLine};
+use crate::lifecycle::startup_pages::{self, StartupMappings};
 use crate::lifecycle::{systemd, watch};
 use crate::logging;
 
@@ -99,11 +100,13 @@ fn signal_name(signal: i32) -> &'static str {
 
 /// Runs the agent until it is told to stop: the first SIGTERM or SIGINT drains (and, with
 /// --graceful-shutdown-timeout, exits once the tunnels have ended or the time is up); a
-/// second exits at once.
+/// second exits at once. `startup`, captured by `main` before other threads started, is
+/// released once the first server connection is up: start-up code is not needed again.
 pub async fn run_service(
     cli: CommandLine<AgentOptions>,
     snapshot: Snapshot,
     listeners: AgentListeners,
+    startup: Option<StartupMappings>,
 ) -> std::io::Result<()> {
     let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT])?;
     let cli = Arc::new(cli);
@@ -113,6 +116,13 @@ pub async fn run_service(
     let (changed_tx, mut changed_rx) = mpsc::channel::<()>(1);
     let mut watcher = start_watcher(&agent.config(), &changed_tx);
     systemd::ready(&agent.status_line());
+    if let Some(startup) = startup {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            agent.first_connection().await;
+            startup_pages::release(startup).await;
+        });
+    }
     let status = agent.clone();
     systemd::spawn_heartbeat(move || status.status_line(), heartbeat.clone());
     let drain_done = CancellationToken::new();

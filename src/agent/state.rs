@@ -45,6 +45,8 @@ pub struct AgentState {
     pub dials: Arc<Semaphore>,
     /// Cancelled on the first SIGTERM: no new server connections, DRAIN to every server.
     pub draining: CancellationToken,
+    /// Cancelled when the agent first holds a stream to a server: start-up is over.
+    pub first_connection: CancellationToken,
     /// Cancelled to stop: every stream and tunnel ends.
     pub stop: CancellationToken,
     /// Dials and tunnels.
@@ -65,6 +67,7 @@ impl AgentState {
             budget,
             dials: Arc::new(Semaphore::new(MAX_PENDING_DIALS)),
             draining: CancellationToken::new(),
+            first_connection: CancellationToken::new(),
             stop: CancellationToken::new(),
             tunnels: TaskTracker::new(),
         })

@@ -1,5 +1,6 @@
 //! The process lifecycle: signals, reload, drain, systemd and logs.
 
+pub mod startup_pages;
 pub mod systemd;
 pub mod watch;
 
