@@ -3,46 +3,21 @@
 
 use konnectivity_server::lifecycle::startup_pages::{Released, StartupMappings};
 
-fn status_kib(field: &str) -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("field")
+use procfs::process::{MMPermissions, Process};
+
+fn rss_file_kib() -> u64 {
+    let status = Process::myself().and_then(|p| p.status()).expect("status");
+    status.rssfile.expect("RssFile in status")
 }
 
-/// The anonymous KiB of each read-only file mapping holding copied-on-write pages.
+/// The anonymous bytes of each read-only file mapping holding copied-on-write pages.
 fn relocated_read_only() -> Vec<u64> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
-    let mut out = Vec::new();
-    let mut current: Option<(bool, u64, u64)> = None;
-    let mut flush = |c: Option<(bool, u64, u64)>| {
-        if let Some((true, _, anon)) = c {
-            if anon > 0 {
-                out.push(anon);
-            }
-        }
-    };
-    for line in smaps.lines() {
-        let mut fields = line.split_whitespace();
-        let first = fields.next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            flush(current.take());
-            let perms = fields.next().unwrap_or("");
-            let inode = fields.nth(2).unwrap_or("0");
-            current = Some((perms.starts_with("r-") && inode != "0", 0, 0));
-        } else if let Some(c) = current.as_mut() {
-            let kib = fields.next().and_then(|v| v.parse().ok()).unwrap_or(0);
-            match first {
-                "Rss:" => c.1 = kib,
-                "Anonymous:" => c.2 = kib,
-                _ => {}
-            }
-        }
-    }
-    flush(current);
-    out
+    let maps = Process::myself().and_then(|p| p.smaps()).expect("smaps");
+    maps.iter()
+        .filter(|m| m.inode != 0 && !m.perms.contains(MMPermissions::WRITE))
+        .filter_map(|m| m.extension.map.get("Anonymous").copied())
+        .filter(|&anon| anon > 0)
+        .collect()
 }
 
 #[test]
@@ -55,10 +30,10 @@ fn startup_pages_are_released_and_the_program_runs_on() {
         Released::default(),
         "nothing captured, nothing released"
     );
-    let before = status_kib("RssFile:");
+    let before = rss_file_kib();
     let relocated_before = relocated_read_only();
     let released = mappings.release().expect("release");
-    let after = status_kib("RssFile:");
+    let after = rss_file_kib();
     assert!(
         released.mappings >= 2,
         "the executable's text and constants: {released:?}"
