@@ -274,6 +274,20 @@ if [[ -n "${SCORE[konnectivity-server]:-}" && -n "${SCORE[konnectivity-agent]:-}
     || bad "systemd-analyze security: server $s, agent $a (must be the same)"
 fi
 
+# The agent's idle-code list (src/bin/konnectivity-agent.symbol-order, see build.rs) names
+# functions by their mangled names, whose hashes change with a dependency, its features or the
+# toolchain; a name this build lacks is skipped without a word, and an idle agent holds more
+# of its code resident. Read from the release build's unstripped binary, the one packaged.
+AGENT_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/konnectivity-agent"
+if [[ -x "$AGENT_BIN" ]] && command -v nm >/dev/null; then
+  section "the agent's idle-code list against the release binary"
+  listed="$(grep -v '^#' "$ROOT/src/bin/konnectivity-agent.symbol-order" | sort -u)"
+  found="$(comm -12 <(printf '%s\n' "$listed") <(nm --defined-only "$AGENT_BIN" | awk '{print $3}' | sort -u) | wc -l)"
+  total="$(printf '%s\n' "$listed" | grep -c .)"
+  if (( found * 100 >= total * 90 )); then ok "$found of $total listed functions are in $AGENT_BIN"
+  else bad "only $found of $total listed functions are in $AGENT_BIN: regenerate the list (benches/profile/agent-order.sh)"; fi
+fi
+
 echo
 if [[ $FAILS -gt 0 ]]; then echo "inspect.sh: $FAILS check(s) FAILED"; exit 1; fi
 echo "inspect.sh: all checks passed"

@@ -11,10 +11,10 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::backend::dispatch::{route_from_agent, teardown_agent};
 use crate::backend::liveness::{watch, Unanswered};
 use crate::backend::session::AgentSession;
+use crate::codec::serve::Handler;
 use crate::identifiers::AgentIdentifiers;
 use crate::listen::ConnStreams;
 use crate::metrics::{stream_error_code, Segment};
-use crate::proto::agent_service_server::AgentService;
 use crate::proto::Packet;
 use crate::state::Shared;
 
@@ -62,11 +62,11 @@ pub struct AgentServer {
 type ConnectStream =
     std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<Packet, Status>> + Send>>;
 
-#[tonic::async_trait]
-impl AgentService for AgentServer {
-    type ConnectStream = ConnectStream;
+impl Handler for AgentServer {
+    const PATH: &'static str = "/AgentService/Connect";
+    type Packets = ConnectStream;
 
-    async fn connect(
+    async fn serve(
         &self,
         request: Request<Streaming<Packet>>,
     ) -> Result<Response<ConnectStream>, Status> {

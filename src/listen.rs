@@ -7,11 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use tokio::net::{TcpListener, TcpStream, UnixListener};
-use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
@@ -308,6 +305,11 @@ pub struct Accepted<IO> {
     pub peer: Arc<str>,
 }
 
+/// What an acceptor does with each connection it accepted (over TCP, once its TLS handshake
+/// is done): typically, spawn the task that serves it. Called on the acceptor's own task, so
+/// a connection needs no hand-over to another task before it is served.
+pub type OnAccept<IO> = Arc<dyn Fn(Accepted<IO>) + Send + Sync>;
+
 /// Accepts TCP connections and runs each TLS handshake in its own task with a timeout, so a
 /// silent client cannot hold up the next one. Each handshake uses the TLS configuration
 /// current at accept time; established sessions keep theirs. `holds`: see [`Accepted`].
@@ -318,8 +320,8 @@ pub fn spawn_tls_acceptor(
     current_tls: impl Fn(&Snapshot) -> Option<Arc<rustls::ServerConfig>> + Send + 'static,
     holds: Option<TaskTracker>,
     stop: CancellationToken,
-) -> ReceiverStream<Accepted<tokio_rustls::server::TlsStream<TcpStream>>> {
-    let (tx, rx) = mpsc::channel(64);
+    on_accept: OnAccept<tokio_rustls::server::TlsStream<TcpStream>>,
+) {
     let shared = shared.clone();
     let what = what.into();
     tokio::spawn(async move {
@@ -334,7 +336,7 @@ pub fn spawn_tls_acceptor(
             let Some(config) = current_tls(&shared.snapshot()) else {
                 continue;
             };
-            let tx = tx.clone();
+            let on_accept = on_accept.clone();
             tokio::spawn(async move {
                 let acceptor = TlsAcceptor::from(config);
                 let handshake =
@@ -346,13 +348,11 @@ pub fn spawn_tls_acceptor(
                 match result {
                     Ok(Ok(tls)) => {
                         let peer = Arc::from(peer.to_string());
-                        let _ = tx
-                            .send(Accepted {
-                                io: tls,
-                                hold,
-                                peer,
-                            })
-                            .await;
+                        on_accept(Accepted {
+                            io: tls,
+                            hold,
+                            peer,
+                        });
                     }
                     Ok(Err(e)) => tracing::info!(%peer, error = %e, "TLS handshake failed"),
                     Err(_) => tracing::info!(%peer, "TLS handshake timed out"),
@@ -360,7 +360,6 @@ pub fn spawn_tls_acceptor(
             });
         }
     });
-    ReceiverStream::new(rx)
 }
 
 /// The peer of a Unix-socket connection whose client process is not asked for.
@@ -375,8 +374,8 @@ pub fn spawn_uds_acceptor(
     listener: UnixListener,
     holds: TaskTracker,
     stop: CancellationToken,
-) -> ReceiverStream<Accepted<UnixConn>> {
-    let (tx, rx) = mpsc::channel(64);
+    on_accept: OnAccept<UnixConn>,
+) {
     let shared = shared.clone();
     let what = what.into();
     tokio::spawn(async move {
@@ -400,28 +399,13 @@ pub fn spawn_uds_acceptor(
                     Err(_) => "unix socket".to_string(),
                 })
             };
-            if tx
-                .send(Accepted {
-                    io: UnixConn::new(accepted.io),
-                    hold,
-                    peer,
-                })
-                .await
-                .is_err()
-            {
-                break;
-            }
+            on_accept(Accepted {
+                io: UnixConn::new(accepted.io),
+                hold,
+                peer,
+            });
         }
     });
-    ReceiverStream::new(rx)
-}
-
-/// Keeps a server's incoming stream open after its acceptor stops, so that stopping to accept
-/// does not also begin closing the connections already open; those end at hard stop.
-pub fn hold_open<S: futures_util::Stream + Send + 'static>(
-    stream: S,
-) -> impl futures_util::Stream<Item = Result<S::Item, std::io::Error>> {
-    stream.map(Ok).chain(futures_util::stream::pending())
 }
 
 /// One accepted gRPC connection, as each of its requests sees it: how many streams it has
@@ -482,7 +466,7 @@ impl ConnStreams {
     }
 }
 
-/// An accepted connection that hands each request its [`ConnStreams`] (as tonic connect info).
+/// An accepted connection whose requests are each handed its [`ConnStreams`].
 pub struct Tracked<IO> {
     io: IO,
     streams: ConnStreams,
@@ -543,10 +527,9 @@ impl<IO: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Tracked<IO> {
     }
 }
 
-impl<IO> tonic::transport::server::Connected for Tracked<IO> {
-    type ConnectInfo = ConnStreams;
-
-    fn connect_info(&self) -> ConnStreams {
-        self.streams.clone()
+impl<IO> Tracked<IO> {
+    /// What each of the connection's requests is given.
+    pub fn streams(&self) -> &ConnStreams {
+        &self.streams
     }
 }

@@ -82,14 +82,6 @@ impl AsyncWrite for UnixConn {
     }
 }
 
-impl tonic::transport::server::Connected for UnixConn {
-    type ConnectInfo = <UnixStream as tonic::transport::server::Connected>::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -340,6 +340,11 @@ pub async fn w_idle(ctx: &Ctx, pair: Pair, n: usize, style: Style) -> Result<Out
     };
     let env = start_env(ctx, pair, mode, &name, &[]).await?;
     let pid = env.server.pid();
+    // Start-up settles first (the same settle as the agent-idle workload): an agent may still
+    // be finishing its start when it first connects (ours gives back its start-up code pages a
+    // second later), and a baseline read during that would count the code the tunnels run
+    // again as memory per tunnel.
+    tokio::time::sleep(Duration::from_secs_f64(ctx.opts.idle_settle_secs)).await;
     // Warm-up: let lazily built state exist before the baseline.
     let warm = open_idle(&style, &env.sock, ctx.far, 10, ctx.seed()).await?;
     let (errs, timeouts) = close_all(warm, Duration::from_secs(10)).await;

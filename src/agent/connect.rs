@@ -15,7 +15,6 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::Streaming;
 
 use super::config::AgentConfig;
-use crate::proto::agent_service_client::AgentServiceClient;
 use crate::proto::Packet;
 
 /// How long a server may take to answer the stream's headers. Upstream waits forever, and a
@@ -24,6 +23,8 @@ const HEADERS_TIMEOUT: Duration = Duration::from_secs(20);
 /// grpc-go's TCP_USER_TIMEOUT on agent connections: unacknowledged data for this long ends
 /// the connection.
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+/// The agent's one method.
+const CONNECT_PATH: &str = "/AgentService/Connect";
 /// Packets queued toward a server on one stream, from every tunnel and the control replies.
 const OUTBOUND_PACKETS: usize = 64;
 
@@ -160,7 +161,7 @@ pub async fn connect_once(
     }
     let response = tokio::time::timeout(
         HEADERS_TIMEOUT,
-        AgentServiceClient::new(channel.clone()).connect(request),
+        crate::codec::call::streaming(channel.clone(), CONNECT_PATH, request),
     )
     .await
     .map_err(|_| ConnectError::Timeout(HEADERS_TIMEOUT))?

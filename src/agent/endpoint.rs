@@ -11,14 +11,21 @@ use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::QueueClose;
-use super::queue::EndpointQueue;
+use super::queue::{EndpointQueue, Taken};
 use super::uplink::Uplink;
 use crate::wire;
 
 /// Each read from a destination takes at most this much (upstream reads 4 KiB; a larger
 /// read means fewer packets, so less work per byte, at no cost to an idle tunnel, which
 /// holds no buffer).
-const READ_BYTES: usize = 32 * 1024;
+const READ_BYTES: usize = 64 * 1024;
+
+/// What one write toward a destination may gather of what its queue holds: the chunks the
+/// server sent meanwhile go out in one writev(2), with one log line, rather than one write
+/// and one line each.
+const WRITE_BATCH_BYTES: usize = 256 * 1024;
+/// The most slices one writev(2) is given.
+const WRITE_SLICES: usize = 64;
 
 /// Why a tunnel ended.
 #[derive(Debug)]
@@ -132,21 +139,22 @@ impl Endpoint {
     pub async fn run(&self, tcp: TcpStream, uplink: &Uplink, stall: Duration) -> End {
         let (read, mut write) = tcp.into_split();
         let writer = async {
+            let mut batch = Vec::new();
             loop {
-                let Some(chunk) = self.queue.next().await else {
+                batch.clear();
+                let Some(mut taken) = self.queue.next_batch(&mut batch, WRITE_BATCH_BYTES).await
+                else {
                     // Closed from outside: CLOSE_REQ, or a refused delivery.
                     return self.outside_cause();
                 };
                 tracing::info!(
                     v = 4,
                     connectionID = self.connect_id,
-                    dataSize = chunk.len(),
+                    dataSize = batch.iter().map(bytes::Bytes::len).sum::<usize>(),
                     "write to remote"
                 );
-                match tokio::time::timeout(stall, write.write_all(&chunk)).await {
-                    Err(_) => return End::Refused(QueueClose::Stall),
-                    Ok(Err(e)) => return End::WriteFailed(e),
-                    Ok(Ok(())) => {}
+                if let Err(end) = write_all(&mut write, &mut batch, &mut taken, stall).await {
+                    return end;
                 }
             }
         };
@@ -186,6 +194,49 @@ impl Endpoint {
             end = writer => end,
             end = reader => end,
             _ = self.cancel.cancelled() => self.outside_cause(),
+        }
+    }
+}
+
+/// Writes every chunk of `batch` (consuming them), a writev(2) at a time, telling `taken` what
+/// each wrote; a write that makes no progress for `stall` ends the tunnel.
+async fn write_all(
+    write: &mut tokio::net::tcp::OwnedWriteHalf,
+    batch: &mut [bytes::Bytes],
+    taken: &mut Taken<'_>,
+    stall: Duration,
+) -> Result<(), End> {
+    use bytes::Buf;
+    let mut first = 0;
+    loop {
+        while batch.get(first).is_some_and(bytes::Bytes::is_empty) {
+            first += 1;
+        }
+        if first == batch.len() {
+            return Ok(());
+        }
+        let mut written = {
+            let mut slices = [std::io::IoSlice::new(&[]); WRITE_SLICES];
+            let mut count = 0;
+            for (slot, chunk) in slices.iter_mut().zip(&batch[first..]) {
+                *slot = std::io::IoSlice::new(chunk);
+                count += 1;
+            }
+            match tokio::time::timeout(stall, write.write_vectored(&slices[..count])).await {
+                Err(_) => return Err(End::Refused(QueueClose::Stall)),
+                Ok(Err(e)) => return Err(End::WriteFailed(e)),
+                Ok(Ok(0)) => return Err(End::WriteFailed(std::io::ErrorKind::WriteZero.into())),
+                Ok(Ok(n)) => n,
+            }
+        };
+        taken.written(written);
+        for chunk in &mut batch[first..] {
+            let step = written.min(chunk.len());
+            chunk.advance(step);
+            written -= step;
+            if written == 0 {
+                break;
+            }
         }
     }
 }

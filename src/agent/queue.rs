@@ -171,17 +171,39 @@ impl EndpointQueue {
         }
     }
 
-    /// The next chunk for the writer; `None` once the queue is closed.
+    /// The next chunk for the writer, counted out at once; `None` once the queue is closed.
+    #[cfg(test)]
     pub async fn next(&self) -> Option<Bytes> {
+        let mut one = Vec::with_capacity(1);
+        let mut taken = self.next_batch(&mut one, 0).await?;
+        taken.written(taken.bytes);
+        Some(one.remove(0))
+    }
+
+    /// Moves what is queued into `batch` for one write: at least one chunk, then more while
+    /// the batch stays within `max_bytes`. Waits for a chunk; `None` once the queue is closed.
+    /// The bytes taken still count against the queue and the budget until the writer says
+    /// they are written (or drops what it took): a destination that stops reading holds
+    /// them, and they are part of what its tunnel may hold.
+    pub async fn next_batch(&self, batch: &mut Vec<Bytes>, max_bytes: usize) -> Option<Taken<'_>> {
         loop {
-            let chunk = self.chunks().pop_front();
-            if let Some(chunk) = chunk {
-                let len = chunk.len();
-                self.bytes.fetch_sub(len, Ordering::AcqRel);
-                self.budget.sub(len);
-                self.last_progress.store(self.now_ms(), Ordering::Release);
-                self.room.notify_one();
-                return Some(chunk);
+            let taken = {
+                let mut chunks = self.chunks();
+                let mut taken = 0;
+                while let Some(chunk) = chunks.front() {
+                    if !batch.is_empty() && taken + chunk.len() > max_bytes {
+                        break;
+                    }
+                    taken += chunk.len();
+                    batch.extend(chunks.pop_front());
+                }
+                taken
+            };
+            if !batch.is_empty() {
+                return Some(Taken {
+                    queue: self,
+                    bytes: taken,
+                });
             }
             if self.closed.load(Ordering::Acquire) {
                 return None;
@@ -190,7 +212,20 @@ impl EndpointQueue {
         }
     }
 
-    /// Ends the queue: what it holds is dropped and returned to the budget at once.
+    /// Counts `bytes` of a batch out as written: progress, and room for more.
+    fn give_back(&self, bytes: usize, progress: bool) {
+        if bytes > 0 {
+            self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+            self.budget.sub(bytes);
+        }
+        if progress {
+            self.last_progress.store(self.now_ms(), Ordering::Release);
+        }
+        self.room.notify_one();
+    }
+
+    /// Ends the queue: what it holds is dropped and returned to the budget at once (a batch
+    /// the writer took goes back when the writer drops it).
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         let dropped: usize = std::mem::take(&mut *self.chunks())
@@ -203,6 +238,30 @@ impl EndpointQueue {
         }
         self.data.notify_one();
         self.room.notify_one();
+    }
+}
+
+/// The bytes of a batch the writer took and has not yet written; whatever is left of them goes
+/// back to the queue and the budget when this is dropped (the tunnel ended mid-write).
+pub struct Taken<'a> {
+    queue: &'a EndpointQueue,
+    bytes: usize,
+}
+
+impl Taken<'_> {
+    /// `bytes` more of the batch reached the destination.
+    pub fn written(&mut self, bytes: usize) {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        self.queue.give_back(bytes, true);
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.queue.give_back(self.bytes, false);
+        }
     }
 }
 
@@ -261,6 +320,43 @@ mod tests {
         );
         assert_eq!(before.elapsed(), MAX_WAIT, "waited for room, then queued");
         assert_eq!(q.next().await.map(|b| b.len()), Some(90));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_takes_what_fits_and_at_least_one_chunk() {
+        let (q, budget) = queue(1000, 1 << 20);
+        for len in [40, 50, 60, 300] {
+            assert_eq!(
+                q.deliver(Bytes::from(vec![0u8; len])).await,
+                Delivery::Queued
+            );
+        }
+        let mut batch = Vec::new();
+        let mut taken = q.next_batch(&mut batch, 100).await.expect("a batch");
+        assert_eq!(batch.iter().map(Bytes::len).collect::<Vec<_>>(), [40, 50]);
+        assert_eq!(budget.used(), 450, "taken is still held until written");
+        taken.written(30);
+        assert_eq!((budget.used(), q.queued()), (420, 420));
+        taken.written(60);
+        drop(taken);
+        assert_eq!((budget.used(), q.queued()), (360, 360));
+        batch.clear();
+        let taken = q.next_batch(&mut batch, 100).await.expect("a batch");
+        assert_eq!(batch.iter().map(Bytes::len).collect::<Vec<_>>(), [60]);
+        // The tunnel ends mid-write: what was not written goes back all the same.
+        drop(taken);
+        assert_eq!(budget.used(), 300);
+        batch.clear();
+        // Larger than the batch on its own: taken alone.
+        let mut taken = q.next_batch(&mut batch, 100).await.expect("a batch");
+        assert_eq!(batch.iter().map(Bytes::len).collect::<Vec<_>>(), [300]);
+        taken.written(300);
+        assert_eq!(budget.used(), 0, "every byte taken is given back");
+        assert_eq!(q.queued(), 0);
+        drop(taken);
+        q.close();
+        batch.clear();
+        assert!(q.next_batch(&mut batch, 100).await.is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,6 +8,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -90,6 +91,12 @@ fn start_watcher(
     }
 }
 
+/// How long after the first server connection the start-up pages are released: that
+/// connection's own set-up (its HTTP/2 settings and window updates, the stream's first
+/// turns, each worker thread's first log line) runs in this time and would only map its
+/// pages again.
+const SETTLE_BEFORE_RELEASE: Duration = Duration::from_secs(1);
+
 fn signal_name(signal: i32) -> &'static str {
     match signal {
         SIGTERM => "terminated",
@@ -120,7 +127,8 @@ pub async fn run_service(
         let agent = agent.clone();
         tokio::spawn(async move {
             agent.first_connection().await;
-            startup_pages::release(startup).await;
+            tokio::time::sleep(SETTLE_BEFORE_RELEASE).await;
+            startup_pages::release(startup);
         });
     }
     let status = agent.clone();

@@ -463,15 +463,5 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityScrub<S> {
     }
 }
 
-impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
-    for AuthorityScrub<S>
-{
-    type ConnectInfo = S::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
-    }
-}
-
 #[cfg(test)]
 mod tests;

@@ -7,10 +7,10 @@ use tonic::{Request, Response, Status, Streaming};
 use super::dial::{dial, Dial, DialError, DialSpec, FrontendKind, Wake};
 use super::{sleep_until_opt, TunnelRecord};
 use crate::backend::session::Released;
+use crate::codec::serve::Handler;
 use crate::listen::ConnStreams;
 use crate::metrics::{stream_error_code, Peer, Segment};
 use crate::proto::packet::Payload;
-use crate::proto::proxy_service_server::ProxyService;
 use crate::proto::{DialRequest, Packet, PacketType};
 use crate::state::Shared;
 use crate::tunnel::{FrontendLink, FrontendQueue};
@@ -27,11 +27,11 @@ pub struct ProxyFrontend {
     pub name: Arc<str>,
 }
 
-#[tonic::async_trait]
-impl ProxyService for ProxyFrontend {
-    type ProxyStream = FrontendQueue;
+impl Handler for ProxyFrontend {
+    const PATH: &'static str = "/ProxyService/Proxy";
+    type Packets = FrontendQueue;
 
-    async fn proxy(
+    async fn serve(
         &self,
         request: Request<Streaming<Packet>>,
     ) -> Result<Response<FrontendQueue>, Status> {

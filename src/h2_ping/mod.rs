@@ -513,14 +513,6 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for PingIo<IO> {
     }
 }
 
-impl<IO> tonic::transport::server::Connected for PingIo<IO> {
-    type ConnectInfo = PingHandle;
-
-    fn connect_info(&self) -> PingHandle {
-        self.handle.clone()
-    }
-}
-
 mod frames;
 #[cfg(test)]
 mod tests;

@@ -5,16 +5,25 @@
 //! and every agent held 16 KiB for its packets of a few dozen bytes. The buffers still grow to
 //! whatever a message needs (a 32 KiB DATA packet), and are reused once drained; only the
 //! initial allocation is smaller. The wire format is prost's, unchanged.
+//!
+//! What the programs send on their own streams (a `Proxy` or `Connect` response, the agent's
+//! `Connect` request) is encoded by [`body::PacketBody`] instead of tonic's encoder: the same
+//! bytes, with a large DATA payload handed to h2 without a copy ([`split`]).
 
 use std::marker::PhantomData;
+
+pub mod body;
+pub mod call;
+pub mod serve;
+pub mod split;
 
 use tonic::codec::{BufferSettings, Codec};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// Enough for the control packets (DIAL_REQ, DIAL_RSP, CLOSE_*) in one allocation.
-const INITIAL_BUFFER: usize = 256;
+pub(crate) const INITIAL_BUFFER: usize = 256;
 /// tonic's default: encoded messages are handed to h2 once this many bytes are buffered.
-const YIELD_THRESHOLD: usize = 32 * 1024;
+pub(crate) const YIELD_THRESHOLD: usize = 32 * 1024;
 
 /// [`ProstCodec`] with [`INITIAL_BUFFER`]; named by `build.rs` (`codec_path`).
 #[derive(Debug, Clone)]

@@ -4,30 +4,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::{FutureExt, StreamExt};
-use tokio_stream::wrappers::ReceiverStream;
+use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agent_service::AgentServer;
-use crate::authority::AuthorityScrub;
+use crate::codec::serve::Route;
 use crate::config::{Config, Mode};
 use crate::frontend::grpc::ProxyFrontend;
 use crate::h2_ping::{PingHandle, PingIo};
 use crate::listen::{
-    hold_open, spawn_tls_acceptor, spawn_uds_acceptor, Accepted, BindError, FrontendListener,
-    Listeners, Tracked,
+    spawn_tls_acceptor, spawn_uds_acceptor, Accepted, BindError, FrontendListener, Listeners,
+    OnAccept,
 };
 use crate::metrics::Metrics;
-use crate::proto::agent_service_server::AgentServiceServer;
-use crate::proto::proxy_service_server::ProxyServiceServer;
 use crate::state::{Shared, Snapshot, SnapshotError};
 
 /// grpc-go's default maximum received message size.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
-/// HTTP/2 flow-control windows on the frontend port, as h2 accounts them.
+/// The HTTP/2 stream flow-control window on frontend ports, as h2 accounts it.
 const STREAM_WINDOW: u32 = 2 << 20;
-const CONNECTION_WINDOW: u32 = 32 << 20;
 /// An agent's stream window as h2 accounts it: the most its agent is ever allowed in flight,
 /// and so the most an agent can make h2 hold while the server's reader of its stream waits
 /// (only while a tunnel's queue is above its hold threshold and still draining). What
@@ -38,6 +34,9 @@ const CONNECTION_WINDOW: u32 = 32 << 20;
 const AGENT_STREAM_WINDOW: u32 = 8 << 20;
 /// After the drain, how long stopping the servers may take.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+
+mod serving;
+use serving::Http2;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -50,22 +49,6 @@ pub enum RunError {
     Signals(std::io::Error),
     #[error("the configuration names {configured} frontends, but {given} listeners were given")]
     FrontendListeners { configured: usize, given: usize },
-}
-
-fn grpc_server(keepalive: Duration, stream_window: u32) -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(keepalive))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        // grpc-go sets no stream limit; hyper's default of 200 would starve clients that open
-        // one stream per dial on a shared connection.
-        .max_concurrent_streams(Some(u32::MAX))
-        // Fixed, generous windows in h2 rather than hyper's adaptive (BDP) window: that one
-        // starts at 64 KiB for the connection too, and h2 then answers a burst of small
-        // frames (many dials at once on one connection) with GOAWAY ENHANCE_YOUR_CALM, killing
-        // every tunnel on it. On agent connections, what the agent is told follows the link
-        // (`h2_ping::window`), within the stream window h2 accounts.
-        .initial_stream_window_size(Some(stream_window))
-        .initial_connection_window_size(Some(CONNECTION_WINDOW))
 }
 
 /// A running server. Dropping it does not stop it; call [`RunningServer::shutdown`].
@@ -167,25 +150,29 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
     let servers = TaskTracker::new();
     let owned_uds = listeners.owned_uds;
 
-    let agents = spawn_tls_acceptor(
+    let agent_service = Route::new(
+        AgentServer {
+            shared: shared.clone(),
+        },
+        MAX_MESSAGE_BYTES,
+    );
+    spawn_tls_acceptor(
         &shared,
         "the agent port",
         listeners.agent,
         |s| Some(s.agent_tls.clone()),
         None,
         accept_stop.clone(),
-    );
-    let agent_service = AgentServiceServer::new(AgentServer {
-        shared: shared.clone(),
-    })
-    .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    serve_grpc(
-        &servers,
-        grpc_server(config.keepalive_time, AGENT_STREAM_WINDOW).add_service(agent_service),
-        agents,
-        with_pings,
-        shared.hard_stop.clone(),
-        "agent",
+        serving::on_accept(
+            &servers,
+            Http2 {
+                keepalive: config.keepalive_time,
+                stream_window: AGENT_STREAM_WINDOW,
+            },
+            agent_service,
+            with_pings,
+            shared.hard_stop.clone(),
+        ),
     );
 
     let listeners_of_frontends =
@@ -211,7 +198,7 @@ pub fn spawn(config: Config, listeners: Listeners) -> Result<RunningServer, RunE
                 spawn_grpc_frontend(&shared, &servers, serving, listener, &accept_stop, &config)
             }
             Mode::HttpConnect => {
-                spawn_http_connect_frontend(&shared, &servers, serving, listener, &accept_stop)
+                spawn_http_connect_frontend(&shared, serving, listener, &accept_stop)
             }
         }
     }
@@ -276,66 +263,53 @@ impl ServedFrontend {
         move |snapshot: &Snapshot| snapshot.frontend_tls.get(index).cloned().flatten()
     }
 
-    /// Counts each connection its acceptor hands on.
-    fn counted<IO>(
-        &self,
-        shared: &Shared,
-        incoming: ReceiverStream<Accepted<IO>>,
-    ) -> impl futures_util::Stream<Item = Accepted<IO>> + Send + 'static
-    where
-        IO: Send + 'static,
-    {
+    /// Counts each connection its acceptor hands on, then hands it to `serve`.
+    fn counted<IO: 'static>(&self, shared: &Shared, serve: OnAccept<IO>) -> OnAccept<IO> {
         let accepted = shared
             .metrics
             .frontend
             .accepted_connections
             .with_label_values(&[&self.name]);
-        incoming.inspect(move |_| accepted.inc())
+        Arc::new(move |connection| {
+            accepted.inc();
+            serve(connection)
+        })
     }
 }
 
 /// Serves HTTP-CONNECT on a frontend listener: one task per connection, tracked for drain.
 fn spawn_http_connect_frontend(
     shared: &Arc<Shared>,
-    servers: &TaskTracker,
     frontend: ServedFrontend,
     listener: FrontendListener,
     accept_stop: &CancellationToken,
 ) {
-    fn serve_all<S>(
-        shared: Arc<Shared>,
-        servers: &TaskTracker,
-        name: Arc<str>,
-        incoming: impl futures_util::Stream<Item = Accepted<S>> + Send + 'static,
-    ) where
+    fn serve_each<S>(shared: &Arc<Shared>, name: Arc<str>) -> OnAccept<S>
+    where
         S: crate::frontend::relay_io::RelayIo + 'static,
     {
-        servers.spawn(async move {
-            let mut incoming = std::pin::pin!(incoming);
-            while let Some(Accepted { io, hold, peer }) = incoming.next().await {
-                let serve =
-                    crate::frontend::http_connect::serve(shared.clone(), io, peer, name.clone());
-                // The connection's drain token lives as long as it is served: its one CONNECT
-                // is its first request. `map`, not an async block awaiting `serve`: that would
-                // hold the future twice, as a captured value and as the one awaited.
-                shared.tasks.spawn(serve.map(move |()| drop(hold)));
-            }
-        });
+        let shared = shared.clone();
+        Arc::new(move |Accepted { io, hold, peer }| {
+            let serve =
+                crate::frontend::http_connect::serve(shared.clone(), io, peer, name.clone());
+            // The connection's drain token lives as long as it is served: its one CONNECT
+            // is its first request. `map`, not an async block awaiting `serve`: that would
+            // hold the future twice, as a captured value and as the one awaited.
+            shared.tasks.spawn(serve.map(move |()| drop(hold)));
+        })
     }
     let stop = accept_stop.clone();
     let holds = shared.accepted_connections();
     let what = frontend.what.clone();
     match listener {
         FrontendListener::Unix(listener) => {
-            let incoming = spawn_uds_acceptor(shared, what, listener, holds, stop);
-            let incoming = frontend.counted(shared, incoming);
-            serve_all(shared.clone(), servers, frontend.name, incoming)
+            let serve = frontend.counted(shared, serve_each(shared, frontend.name.clone()));
+            spawn_uds_acceptor(shared, what, listener, holds, stop, serve)
         }
         FrontendListener::Tcp(listener) => {
             let tls = frontend.current_tls();
-            let incoming = spawn_tls_acceptor(shared, what, listener, tls, Some(holds), stop);
-            let incoming = frontend.counted(shared, incoming);
-            serve_all(shared.clone(), servers, frontend.name, incoming)
+            let serve = frontend.counted(shared, serve_each(shared, frontend.name.clone()));
+            spawn_tls_acceptor(shared, what, listener, tls, Some(holds), stop, serve)
         }
     }
 }
@@ -349,41 +323,34 @@ fn spawn_grpc_frontend(
     accept_stop: &CancellationToken,
     config: &Config,
 ) {
-    let proxy_service = ProxyServiceServer::new(ProxyFrontend {
-        shared: shared.clone(),
-        name: frontend.name.clone(),
-    })
-    .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let frontend_server =
-        grpc_server(config.frontend_keepalive_time, STREAM_WINDOW).add_service(proxy_service);
+    let proxy_service = Route::new(
+        ProxyFrontend {
+            shared: shared.clone(),
+            name: frontend.name.clone(),
+        },
+        MAX_MESSAGE_BYTES,
+    );
+    let settings = || Http2 {
+        keepalive: config.frontend_keepalive_time,
+        stream_window: STREAM_WINDOW,
+    };
     let hard_stop = shared.hard_stop.clone();
     let stop = accept_stop.clone();
     let holds = shared.accepted_connections();
     let what = frontend.what.clone();
     match listener {
-        // Invalid :authority values are mended before h2 sees them (see authority.rs).
         FrontendListener::Unix(listener) => {
-            let incoming = spawn_uds_acceptor(shared, what, listener, holds, stop);
-            serve_grpc(
-                servers,
-                frontend_server,
-                frontend.counted(shared, incoming),
-                without_pings,
-                hard_stop,
-                "frontend",
-            );
+            let serve =
+                serving::on_accept(servers, settings(), proxy_service, without_pings, hard_stop);
+            let serve = frontend.counted(shared, serve);
+            spawn_uds_acceptor(shared, what, listener, holds, stop, serve)
         }
         FrontendListener::Tcp(listener) => {
             let tls = frontend.current_tls();
-            let incoming = spawn_tls_acceptor(shared, what, listener, tls, Some(holds), stop);
-            serve_grpc(
-                servers,
-                frontend_server,
-                frontend.counted(shared, incoming),
-                without_pings,
-                hard_stop,
-                "frontend",
-            );
+            let serve =
+                serving::on_accept(servers, settings(), proxy_service, without_pings, hard_stop);
+            let serve = frontend.counted(shared, serve);
+            spawn_tls_acceptor(shared, what, listener, tls, Some(holds), stop, serve)
         }
     }
 }
@@ -396,43 +363,6 @@ fn with_pings<IO>(io: IO) -> (PingIo<IO>, Option<PingHandle>) {
 
 fn without_pings<IO>(io: IO) -> (IO, Option<PingHandle>) {
     (io, None)
-}
-
-/// Runs a gRPC router on `incoming` until `stop`. Every connection is wrapped by `wrap`, then
-/// reads through [`AuthorityScrub`], so clients that send an invalid `:authority` are served.
-fn serve_grpc<IO, Wrapped, S>(
-    servers: &TaskTracker,
-    router: tonic::transport::server::Router,
-    incoming: S,
-    wrap: fn(IO) -> (Wrapped, Option<PingHandle>),
-    stop: CancellationToken,
-    what: &'static str,
-) where
-    S: futures_util::Stream<Item = Accepted<IO>> + Send + 'static,
-    IO: Send + 'static,
-    Wrapped: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    servers.spawn(async move {
-        if let Err(e) = router
-            .serve_with_incoming_shutdown(
-                hold_open(incoming.map(move |accepted| {
-                    let (io, ping) = wrap(accepted.io);
-                    Tracked::new(
-                        Accepted {
-                            io: AuthorityScrub::new(io),
-                            hold: accepted.hold,
-                            peer: accepted.peer,
-                        },
-                        ping,
-                    )
-                })),
-                stop.cancelled_owned(),
-            )
-            .await
-        {
-            tracing::error!(error = %e, server = what, "gRPC server failed");
-        }
-    });
 }
 
 /// Serves until `shutdown` is cancelled, then drains for --graceful-shutdown-timeout.
