@@ -157,17 +157,9 @@ pub fn infallible<S: Stream<Item = Packet>>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::split::tests::tonic_bytes;
     use crate::wire;
     use http_body_util::BodyExt;
-    use prost::Message;
-
-    fn message(packet: &Packet) -> Vec<u8> {
-        let body = packet.encode_to_vec();
-        let mut out = vec![0u8];
-        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        out.extend_from_slice(&body);
-        out
-    }
 
     async fn collect(
         body: PacketBody<impl Stream<Item = Result<Packet, Status>> + Unpin>,
@@ -203,7 +195,7 @@ mod tests {
         let body =
             PacketBody::response(futures_util::stream::iter(all.clone().into_iter().map(Ok)));
         let (bytes, trailers, error) = collect(body).await;
-        let want: Vec<u8> = all.iter().flat_map(message).collect();
+        let want: Vec<u8> = all.iter().flat_map(tonic_bytes).collect();
         assert_eq!(bytes, want);
         assert!(error.is_none());
         let trailers = trailers.expect("trailers");
@@ -221,7 +213,7 @@ mod tests {
         let (bytes, trailers, error) = collect(body).await;
         assert_eq!(
             bytes,
-            message(&wire::close_request(1)),
+            tonic_bytes(&wire::close_request(1)),
             "nothing after the error"
         );
         assert!(error.is_none());
@@ -236,7 +228,7 @@ mod tests {
         let all = packets();
         let body = PacketBody::request(infallible(futures_util::stream::iter(all.clone())));
         let (bytes, trailers, error) = collect(body).await;
-        assert_eq!(bytes, all.iter().flat_map(message).collect::<Vec<_>>());
+        assert_eq!(bytes, all.iter().flat_map(tonic_bytes).collect::<Vec<_>>());
         assert!(trailers.is_none() && error.is_none());
     }
 
@@ -248,8 +240,8 @@ mod tests {
         tx.send(wire::close_request(1)).await.unwrap();
         tx.send(wire::close_request(2)).await.unwrap();
         let chunk = body.frame().await.unwrap().unwrap().into_data().unwrap();
-        let mut want = message(&wire::close_request(1));
-        want.extend(message(&wire::close_request(2)));
+        let mut want = tonic_bytes(&wire::close_request(1));
+        want.extend(tonic_bytes(&wire::close_request(2)));
         assert_eq!(chunk.to_vec(), want, "both ready messages in one chunk");
         assert!(futures_util::poll!(body.frame()).is_pending());
         drop(tx);

@@ -86,13 +86,13 @@ fn put_prefix(buf: &mut BytesMut, len: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::proto::{Data, PacketType};
     use crate::wire;
 
     /// What tonic would have sent: the prefix and prost's encoding of the whole packet.
-    fn tonic_bytes(packet: &Packet) -> Vec<u8> {
+    pub(crate) fn tonic_bytes(packet: &Packet) -> Vec<u8> {
         let body = packet.encode_to_vec();
         let mut out = vec![0u8];
         out.extend_from_slice(&(body.len() as u32).to_be_bytes());
