@@ -9,6 +9,8 @@
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
+use std::task::Poll;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadHalf, WriteHalf};
@@ -49,13 +51,23 @@ impl RelayIo for UnixConn {
         loop {
             reader.readable().await?;
             let mut buf = BytesMut::with_capacity(want);
-            // A read that would wait gives the buffer back and clears the readiness, so the
-            // wait above is the only one: after a read that left nothing, readiness can still
-            // be set, and a read awaited with the buffer would hold it while the tunnel idles.
-            match reader.try_read_buf(&mut buf) {
-                Ok(_) => return Ok(buf),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Err(e),
+            // One poll of the read, not an await: a read that would wait gives the buffer back
+            // (the readiness is cleared and the wait above is the only one), so no buffer is
+            // held while the tunnel idles. A poll, not `try_read_buf`: a read that fills less
+            // than the room given also clears the readiness (the socket is drained), so the
+            // next chunk waits without first making a read that finds nothing.
+            let read = std::future::poll_fn(|cx| {
+                Poll::Ready(tokio_util::io::poll_read_buf(
+                    Pin::new(&mut *reader),
+                    cx,
+                    &mut buf,
+                ))
+            })
+            .await;
+            match read {
+                Poll::Ready(Ok(_)) => return Ok(buf),
+                Poll::Ready(Err(e)) => return Err(e),
+                Poll::Pending => continue,
             }
         }
     }
@@ -134,6 +146,24 @@ mod tests {
             .await
             .unwrap()
             .is_empty());
+    }
+
+    /// A chunk shorter than the room given drains the socket: the reader's readiness is
+    /// cleared with it, so the next wait costs no read that finds nothing (with the readiness
+    /// left set, `readable` would return at once).
+    #[tokio::test]
+    async fn a_short_chunk_clears_the_readiness() {
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let (mut reader, _writer) = UnixConn::new(ours).into_halves();
+        theirs.write_all(b"hi").await.unwrap();
+        assert_eq!(
+            &UnixConn::read_chunk(&mut reader, 4).await.unwrap()[..],
+            b"hi"
+        );
+        let mut wait = Box::pin(reader.readable());
+        assert!(pending(&mut wait).await);
+        theirs.write_all(b"more").await.unwrap();
+        wait.await.unwrap();
     }
 
     /// Finishing after the client's end leaves the socket open for the close; before it, the

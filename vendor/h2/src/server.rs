@@ -310,6 +310,19 @@ impl<B: Buf + fmt::Debug> fmt::Debug for SendPushedResponse<B> {
     }
 }
 
+/// konnectivity-server patch: the connection-level WINDOW_UPDATE the handshake sends with
+/// its SETTINGS: from the protocol's initial 65,535 bytes up to the configured target, when
+/// that is larger and a valid window.
+fn handshake_window_increment(builder: &Builder) -> Option<u32> {
+    let target = builder.initial_target_connection_window_size?;
+    if target > proto::MAX_WINDOW_SIZE {
+        return None;
+    }
+    target
+        .checked_sub(frame::DEFAULT_INITIAL_WINDOW_SIZE)
+        .filter(|increment| *increment > 0)
+}
+
 /// Stages of an in-progress handshake.
 enum Handshaking<T, B: Buf> {
     /// State 1. Connection is flushing pending SETTINGS frame.
@@ -400,6 +413,16 @@ where
         codec
             .buffer(builder.settings.clone().into())
             .expect("invalid SETTINGS frame");
+
+        // konnectivity-server patch: the WINDOW_UPDATE that raises the connection's receive
+        // window to its configured target is written with the SETTINGS, in one write, rather
+        // than in a write of its own once the client's preface is in (one system call less per
+        // connection). `Handshake::poll` counts it as sent, so none follows.
+        if let Some(increment) = handshake_window_increment(&builder) {
+            codec
+                .buffer(frame::WindowUpdate::new(StreamId::zero(), increment).into())
+                .expect("invalid WINDOW_UPDATE frame");
+        }
 
         // Create the handshake future.
         let state =
@@ -1542,6 +1565,11 @@ where
                     let mut c = Connection { connection };
                     if let Some(sz) = self.builder.initial_target_connection_window_size {
                         c.set_target_window_size(sz);
+                    }
+                    // konnectivity-server patch: the handshake already sent this increment
+                    // (see `handshake2`).
+                    if let Some(increment) = handshake_window_increment(&self.builder) {
+                        c.connection.connection_window_announced(increment);
                     }
 
                     return Poll::Ready(Ok(c));

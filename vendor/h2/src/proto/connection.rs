@@ -180,6 +180,13 @@ where
         debug_assert!(_res.is_ok());
     }
 
+    /// konnectivity-server patch: a connection WINDOW_UPDATE of `increment` was written
+    /// before this connection existed (the server's handshake sends it with its SETTINGS):
+    /// the receive window counts it as advertised.
+    pub(crate) fn connection_window_announced(&mut self, increment: WindowSize) {
+        self.inner.streams.connection_window_announced(increment);
+    }
+
     /// Send a new SETTINGS frame with an updated initial window size.
     pub(crate) fn set_initial_window_size(&mut self, size: WindowSize) -> Result<(), UserError> {
         let mut settings = frame::Settings::default();

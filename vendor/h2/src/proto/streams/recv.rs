@@ -570,6 +570,13 @@ impl Recv {
         Ok(())
     }
 
+    /// konnectivity-server patch: a connection WINDOW_UPDATE of `increment` went out before
+    /// the connection existed; the peer may now send that much more.
+    pub fn connection_window_announced(&mut self, increment: WindowSize) {
+        let _res = self.flow.inc_window(increment);
+        debug_assert!(_res.is_ok());
+    }
+
     pub(crate) fn apply_local_settings(
         &mut self,
         settings: &frame::Settings,

@@ -128,6 +128,12 @@ where
         }
     }
 
+    /// konnectivity-server patch: see `Connection::connection_window_announced`.
+    pub fn connection_window_announced(&mut self, increment: WindowSize) {
+        let mut me = self.inner.lock().unwrap();
+        me.actions.recv.connection_window_announced(increment);
+    }
+
     pub fn set_target_connection_window_size(&mut self, size: WindowSize) -> Result<(), Reason> {
         let mut me = self.inner.lock().unwrap();
         let me = &mut *me;
