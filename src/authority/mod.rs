@@ -28,8 +28,13 @@ use settings::FirstSettings;
 const AUTHORITY: &[u8] = b":authority";
 const PREFACE_LEN: usize = 24;
 const FRAME_HEADER_LEN: usize = 9;
-/// How much one read from the socket asks for when bytes must be looked at.
+/// How much one read from the socket asks for when bytes must be looked at, once a read
+/// filled the room it was given.
 const READ_CHUNK: usize = 16 * 1024;
+/// What reads ask for until one fills its room: most connections (a dial, a few small
+/// packets) never read more at once, and 4 KiB is the largest buffer the allocator serves from
+/// its fast path (one is taken at every burst of reads, see `release_idle_buffer`).
+const FIRST_READ_CHUNK: usize = 4 * 1024;
 /// The smallest payload read straight into the caller's buffer, not copied through ours.
 const DIRECT_READ_MIN: usize = 4 * 1024;
 const HEADERS: u8 = 0x1;
@@ -200,6 +205,8 @@ pub struct AuthorityScrub<S> {
     eof: bool,
     /// The check of h2's table size in the first frame it writes (see `settings`).
     settings: FirstSettings,
+    /// What the next read asks for: [`FIRST_READ_CHUNK`], then [`READ_CHUNK`].
+    chunk: usize,
 }
 
 impl<S> AuthorityScrub<S> {
@@ -214,6 +221,7 @@ impl<S> AuthorityScrub<S> {
             failed: None,
             eof: false,
             settings: FirstSettings::default(),
+            chunk: FIRST_READ_CHUNK,
         }
     }
 
@@ -391,10 +399,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityScrub<S> {
             if !this.output.is_empty() {
                 continue;
             }
-            this.input.reserve(READ_CHUNK);
+            this.input.reserve(this.chunk);
+            let room = this.input.capacity() - this.input.len();
             match tokio_util::io::poll_read_buf(Pin::new(&mut this.inner), cx, &mut this.input) {
                 Poll::Ready(Ok(0)) => this.eof = true,
-                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Ok(n)) => {
+                    if n >= room {
+                        this.chunk = READ_CHUNK;
+                    }
+                }
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
                 Poll::Pending => {
                     // Nothing to read: an idle connection waits without a read buffer.

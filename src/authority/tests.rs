@@ -352,3 +352,35 @@ async fn a_server_announcing_another_table_size_is_refused() {
     let refused = serve(Some(8192)).await.unwrap_err();
     assert!(refused.contains("HPACK table size"), "{refused}");
 }
+
+/// Reads take a 4 KiB buffer (the allocator's fast path) until one fills it; from then on
+/// they ask for 16 KiB, so a connection that carries bulk reads as much at once as before.
+#[tokio::test]
+async fn reads_ask_for_4_kib_until_one_fills_its_room() {
+    let (mut client, server) = tokio::net::UnixStream::pair().unwrap();
+    let mut scrub = AuthorityScrub::new(server);
+    let mut buf = vec![0u8; 64 * 1024];
+
+    client
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = 0;
+    while got < PREFACE_LEN {
+        got += scrub.read(&mut buf).await.unwrap();
+    }
+    assert_eq!(
+        scrub.chunk, FIRST_READ_CHUNK,
+        "a 24-byte read leaves the room unfilled"
+    );
+
+    // 8 KiB of frame waiting: the next read fills its 4 KiB.
+    let data = frame(0x0, 0x1, 1, &[7u8; 8 * 1024]);
+    client.write_all(&data).await.unwrap();
+    let mut got = 0;
+    while got < data.len() {
+        got += scrub.read(&mut buf[got..]).await.unwrap();
+    }
+    assert_eq!(&buf[..data.len()], &data[..]);
+    assert_eq!(scrub.chunk, READ_CHUNK);
+}

@@ -21,9 +21,12 @@ use tokio_util::codec::{LengthDelimitedCodec, LengthDelimitedCodecError};
 // 16 MB "sane default" taken from golang http2
 const DEFAULT_SETTINGS_MAX_HEADER_LIST_SIZE: usize = 16 << 20;
 
-/// konnectivity-server patch: the size of the read buffer while a read is under way (what
-/// tokio-util allocated up front for every connection).
-const READ_BUFFER_CAPACITY: usize = 8 * 1024;
+/// konnectivity-server patch: the size of the read buffer while a read is under way (tokio-util
+/// allocated 8 KiB up front for every connection). 4 KiB is the largest size jemalloc serves
+/// from its thread cache's fast path, and a buffer is taken at every burst of reads; a frame
+/// larger than the room left still gets all of it, as the codec reserves a frame's length
+/// once it has read its header.
+const READ_BUFFER_CAPACITY: usize = 4 * 1024;
 
 #[derive(Debug)]
 pub struct FramedRead<T> {

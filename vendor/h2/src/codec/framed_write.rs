@@ -52,6 +52,10 @@ struct Encoder<B> {
 
     /// Min buffer required to attempt to write a frame
     min_buffer_capacity: usize,
+
+    /// konnectivity-server patch: the capacity the write buffer is given when it is allocated
+    /// (see `buffer`).
+    alloc_capacity: usize,
 }
 
 #[derive(Debug)]
@@ -65,6 +69,10 @@ enum Next<B> {
 /// The minimum MAX_FRAME_SIZE is 16kb, so always be able to send a HEADERS
 /// frame that big.
 const DEFAULT_BUFFER_CAPACITY: usize = 16 * 1_024;
+
+/// konnectivity-server patch: the capacity of a connection's write buffer until one filled
+/// up: the largest size jemalloc serves from its thread cache's fast path.
+const FIRST_BUFFER_CAPACITY: usize = 4 * 1_024;
 
 /// Chain payloads bigger than this when vectored I/O is enabled. The remote
 /// will never advertise a max frame size less than this (well, the spec says
@@ -102,6 +110,7 @@ where
                 max_frame_size: frame::DEFAULT_MAX_FRAME_SIZE,
                 chain_threshold,
                 min_buffer_capacity: chain_threshold + frame::HEADER_LEN,
+                alloc_capacity: FIRST_BUFFER_CAPACITY,
             },
         }
     }
@@ -232,10 +241,13 @@ where
         // Ensure that we have enough capacity to accept the write.
         assert!(self.has_capacity());
         // konnectivity-server patch: the buffer starts unallocated and is released when it
-        // drains; give it its usual capacity here, once, rather than letting the encoders grow
-        // it a few bytes at a time.
+        // drains; give it its capacity here, once, rather than letting the encoders grow it a
+        // few bytes at a time. A connection's first buffers get 4 KiB, which the allocator
+        // serves from its fast path (most connections never write more between two flushes);
+        // once one filled up, this connection's get the usual 16 KiB, so as many frames go
+        // out per write as before.
         if self.buf.get_ref().capacity() == 0 {
-            self.buf.get_mut().reserve(DEFAULT_BUFFER_CAPACITY);
+            self.buf.get_mut().reserve(self.alloc_capacity);
         }
         let span = tracing::trace_span!("FramedWrite::buffer", frame = ?item);
         let _e = span.enter();
@@ -317,11 +329,19 @@ where
             }
         }
 
+        // konnectivity-server patch: a buffer that ran out of room (the next frame waits for
+        // a write) means this connection writes more between flushes than the first capacity
+        // holds: its later buffers get the usual size.
+        let buf = self.buf.get_ref();
+        if buf.capacity() - buf.len() < self.min_buffer_capacity {
+            self.alloc_capacity = DEFAULT_BUFFER_CAPACITY;
+        }
+
         Ok(())
     }
 
     fn has_capacity(&self) -> bool {
-        // konnectivity-server patch: an unallocated buffer (never used, or released after it
+        // konnectivity-server patch: see `alloc_capacity` for the buffer's size;: an unallocated buffer (never used, or released after it
         // drained) has the full default capacity as soon as `buffer` needs it. Counting it as
         // zero bytes of room would report "no capacity" forever and writes would stall.
         self.next.is_none()
@@ -331,7 +351,7 @@ where
     }
 
     /// konnectivity-server patch: give the write buffer back to the allocator once everything
-    /// in it is written, so an idle connection keeps no 16 KiB buffer. The next frame
+    /// in it is written, so an idle connection keeps no write buffer. The next frame
     /// allocates it again (a thread-cached allocation of one size class).
     fn release_if_drained(&mut self) {
         if self.next.is_none() && !self.buf.has_remaining() && self.buf.get_ref().capacity() > 0 {
