@@ -14,26 +14,13 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{dial_req, dial_rsp, within, Harness};
+use common::raw_h2::{
+    frame, read_frame, ACK, DATA, END_HEADERS, GOAWAY, HEADERS, PREFACE, RST_STREAM, SETTINGS,
+};
+use common::{dial_req, dial_rsp, Harness};
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
-
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const GOAWAY: u8 = 0x7;
-const END_HEADERS: u8 = 0x4;
-const ACK: u8 = 0x1;
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-    out.extend_from_slice(&[kind, flags]);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
 
 /// An HPACK string literal, not Huffman-coded (all lengths here are under 127).
 fn literal(s: &str) -> Vec<u8> {
@@ -104,7 +91,7 @@ async fn invalid_authorities_from_real_clients_open_their_streams() {
         0x80 | 62,
     ];
 
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    let mut out = PREFACE.to_vec();
     out.extend(frame(SETTINGS, 0, 0, &[]));
     for (stream, block) in [(1u32, &first), (3, &second), (5, &third)] {
         out.extend(frame(HEADERS, END_HEADERS, stream, block));
@@ -126,18 +113,13 @@ async fn invalid_authorities_from_real_clients_open_their_streams() {
 
     // The server's frames: SETTINGS (acknowledged here), then response HEADERS per stream.
     let mut responded: HashMap<u32, u8> = HashMap::new();
-    let mut header = [0u8; 9];
     while responded.len() < 3 {
-        within("the server's frames", conn.read_exact(&mut header))
-            .await
-            .unwrap();
-        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
-        let (kind, flags) = (header[3], header[4]);
-        let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
-        let mut payload = vec![0; len];
-        within("a frame's payload", conn.read_exact(&mut payload))
-            .await
-            .unwrap();
+        let common::raw_h2::Frame {
+            kind,
+            flags,
+            stream,
+            payload,
+        } = read_frame(&mut conn).await;
         assert!(
             kind != RST_STREAM && kind != GOAWAY,
             "the server refused stream {stream} (frame type {kind}, payload {payload:?})"

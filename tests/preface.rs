@@ -6,58 +6,14 @@
 
 mod common;
 
+use common::raw_h2::{frame, frames, read_frame, ACK, PING, PREFACE, SETTINGS, WINDOW_UPDATE};
 use common::{within, Harness};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-const SETTINGS: u8 = 0x4;
-const PING: u8 = 0x6;
-const WINDOW_UPDATE: u8 = 0x8;
-const ACK: u8 = 0x1;
-const FRAME_HEADER: usize = 9;
 /// The connection window the server gives every connection (32 MiB), less the 65,535 bytes
 /// every HTTP/2 connection starts with.
 const INCREMENT: u32 = (32 << 20) - 65_535;
-
-struct Frame {
-    kind: u8,
-    flags: u8,
-    stream: u32,
-    payload: Vec<u8>,
-}
-
-/// Splits `bytes` into whole frames; panics on a partial one.
-fn frames(mut bytes: &[u8]) -> Vec<Frame> {
-    let mut out = Vec::new();
-    while !bytes.is_empty() {
-        assert!(bytes.len() >= FRAME_HEADER, "a partial frame header");
-        let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
-        assert!(bytes.len() >= FRAME_HEADER + len, "a partial frame");
-        out.push(Frame {
-            kind: bytes[3],
-            flags: bytes[4],
-            stream: u32::from_be_bytes(bytes[5..9].try_into().unwrap()) & 0x7fff_ffff,
-            payload: bytes[FRAME_HEADER..FRAME_HEADER + len].to_vec(),
-        });
-        bytes = &bytes[FRAME_HEADER + len..];
-    }
-    out
-}
-
-async fn read_frame(conn: &mut UnixStream) -> Frame {
-    let mut header = [0u8; FRAME_HEADER];
-    within("a frame header", conn.read_exact(&mut header))
-        .await
-        .unwrap();
-    let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
-    let mut payload = vec![0u8; len];
-    within("a frame's payload", conn.read_exact(&mut payload))
-        .await
-        .unwrap();
-    let mut whole = header.to_vec();
-    whole.extend(payload);
-    frames(&whole).pop().unwrap()
-}
 
 #[tokio::test]
 async fn settings_and_the_connection_window_come_in_one_write_and_the_window_is_raised_once() {
@@ -86,13 +42,12 @@ async fn settings_and_the_connection_window_come_in_one_write_and_the_window_is_
     // above as sent; were it not counted, a second WINDOW_UPDATE would go out at the end of
     // the server's first turn on the connection, in the write that carries the first PING's
     // ACK or one before it, and so before the second ACK.
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend([0, 0, 0, SETTINGS, 0, 0, 0, 0, 0]);
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(SETTINGS, 0, 0, &[]));
     conn.write_all(&out).await.unwrap();
     let mut settings_acked = false;
     for payload in [b"preface1", b"preface2"] {
-        let mut ping = vec![0, 0, 8, PING, 0, 0, 0, 0, 0];
-        ping.extend(payload);
+        let ping = frame(PING, 0, 0, payload);
         conn.write_all(&ping).await.unwrap();
         loop {
             let frame = read_frame(&mut conn).await;

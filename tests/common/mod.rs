@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw_h2;
+
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
