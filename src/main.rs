@@ -1,8 +1,8 @@
 use std::process::ExitCode;
 
-use konnectivity_server::cli::{self, fail};
-use konnectivity_server::config::{layers, Config, Options};
-use konnectivity_server::{dev, lifecycle, tunnels_cli, Inherited, Listeners, Snapshot};
+use kube_traffic::cli::{self, fail};
+use kube_traffic::config::{layers, Config, Options};
+use kube_traffic::{dev, lifecycle, tunnels_cli, Inherited, Listeners, Snapshot};
 
 // jemalloc (see src/allocator.rs): installed by the binary rather than the library, so test
 // binaries can count allocations with an allocator of their own.

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use clap::Parser;
 use common::*;
-use konnectivity_server::agent::{self, AgentConfig, AgentListeners, AgentOptions, Snapshot};
+use kube_traffic::agent::{self, AgentConfig, AgentListeners, AgentOptions, Snapshot};
 use socket2::{Domain, SockAddr, Socket, Type};
 use tokio::net::TcpListener;
 
@@ -53,7 +53,7 @@ async fn an_emfile_storm_is_logged_once_per_episode_on_every_port() {
     let logs = Captured::default();
     let writer = logs.clone();
     tracing_subscriber::fmt()
-        .with_env_filter("warn,konnectivity_server::accept=debug")
+        .with_env_filter("warn,kube_traffic::accept=debug")
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .init();

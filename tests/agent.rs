@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use clap::Parser;
 use common::*;
-use konnectivity_server::agent::{
+use kube_traffic::agent::{
     self, AgentConfig, AgentListeners, AgentOptions, RunningAgent, Snapshot,
 };
-use konnectivity_server::proto::packet::Payload;
-use konnectivity_server::proto::Packet;
+use kube_traffic::proto::packet::Payload;
+use kube_traffic::proto::Packet;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -297,9 +297,9 @@ async fn the_agent_reconnects_when_its_server_restarts_and_serves_health() {
 mod fake {
     use std::sync::Arc;
 
-    use konnectivity_server::proto::agent_service_server::{AgentService, AgentServiceServer};
-    use konnectivity_server::proto::Packet;
-    use konnectivity_server::tls::{server_config, DevPki, TlsFiles, TlsPolicy};
+    use kube_traffic::proto::agent_service_server::{AgentService, AgentServiceServer};
+    use kube_traffic::proto::Packet;
+    use kube_traffic::tls::{server_config, DevPki, TlsFiles, TlsPolicy};
     use tokio::net::TcpListener;
     use tokio::sync::mpsc;
     use tokio_stream::wrappers::ReceiverStream;
@@ -351,7 +351,7 @@ mod fake {
         };
         let policy = TlsPolicy {
             cipher_suites: &[],
-            min_version: konnectivity_server::config::TlsVersion::Tls12,
+            min_version: kube_traffic::config::TlsVersion::Tls12,
         };
         let tls =
             tokio_rustls::TlsAcceptor::from(server_config(&files, &policy, &[b"h2"]).unwrap());
@@ -388,9 +388,9 @@ mod fake {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misbehaving_server_is_answered_counted_and_contained() {
-    use konnectivity_server::proto::{packet::Payload, Data, PacketType};
+    use kube_traffic::proto::{packet::Payload, Data, PacketType};
     let dir = tempfile::tempdir().unwrap();
-    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let (pki, _) = kube_traffic::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let mut connections = fake::serve(&pki, listener);

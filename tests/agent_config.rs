@@ -7,7 +7,7 @@
 use std::process::Command;
 
 use clap::CommandFactory;
-use konnectivity_server::agent::AgentOptions;
+use kube_traffic::agent::AgentOptions;
 
 struct Run {
     code: i32,
@@ -284,7 +284,7 @@ fn the_reference_file_holds_every_key_at_its_default_and_the_template_parses() {
 #[test]
 fn check_config_loads_the_certificates_and_reads_the_token() {
     let dir = tempfile::tempdir().unwrap();
-    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let (pki, _) = kube_traffic::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
     let ca = format!("--ca-cert={}", pki.ca_cert.display());
     let cert = format!("--agent-cert={}", pki.agent_cert.display());
     let key = format!("--agent-key={}", pki.agent_key.display());

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use konnectivity_server::proto::packet::Payload;
+use kube_traffic::proto::packet::Payload;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const BIN: &str = env!("CARGO_BIN_EXE_konnectivity-agent");

@@ -45,7 +45,7 @@ const NAME_PATH: u8 = 4;
 const NAME_CONTENT_TYPE: u8 = 31;
 
 /// A gRPC message on the wire: uncompressed flag, length, then the message.
-fn grpc_message(packet: &konnectivity_server::proto::Packet) -> Vec<u8> {
+fn grpc_message(packet: &kube_traffic::proto::Packet) -> Vec<u8> {
     let body = packet.encode_to_vec();
     let mut out = vec![0];
     out.extend_from_slice(&(body.len() as u32).to_be_bytes());

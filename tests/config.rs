@@ -457,12 +457,12 @@ fn written_config_loads_back_to_the_same_settings() {
 fn reference_file_holds_exactly_the_defaults() {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/server.toml"))
         .unwrap();
-    let parsed: konnectivity_server::config::Options =
+    let parsed: kube_traffic::config::Options =
         toml::from_str(&text).expect("reference parses");
-    assert_eq!(parsed, konnectivity_server::config::Options::default());
+    assert_eq!(parsed, kube_traffic::config::Options::default());
     // And it names every setting there is (server_id and the deprecated flag are commented).
-    let defaults = konnectivity_server::config::layers::to_toml(
-        &konnectivity_server::config::Options::default(),
+    let defaults = kube_traffic::config::layers::to_toml(
+        &kube_traffic::config::Options::default(),
     );
     for line in defaults.lines() {
         let key = line.split(" = ").next().unwrap();
@@ -476,7 +476,7 @@ fn reference_file_holds_exactly_the_defaults() {
 #[test]
 fn deployment_template_passes_check_config_with_certificates_in_place() {
     let dir = tempfile::tempdir().unwrap();
-    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("gen")).unwrap();
+    let (pki, _) = kube_traffic::tls::DevPki::ensure(&dir.path().join("gen")).unwrap();
     let pki_dir = dir.path().join("pki");
     std::fs::create_dir_all(&pki_dir).unwrap();
     std::fs::copy(&pki.server_cert, pki_dir.join("cluster.crt")).unwrap();
@@ -757,7 +757,7 @@ fn free_port() -> u16 {
 #[test]
 fn bind_addresses_may_be_host_names() {
     let dir = tempfile::tempdir().unwrap();
-    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let (pki, _) = kube_traffic::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
     let (agent, health, admin) = (free_port(), free_port(), free_port());
     let args: Vec<String> = vec![
         "--config=".into(),
@@ -898,7 +898,7 @@ fn klog_flags_and_lease_labels_are_checked_as_upstream_checks_them() {
 #[test]
 fn tls_options_as_upstream_validates_and_serves_them() {
     let dir = tempfile::tempdir().unwrap();
-    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
+    let (pki, _) = kube_traffic::tls::DevPki::ensure(&dir.path().join("pki")).unwrap();
     let base = [
         "--config=".to_string(),
         format!("--uds-name={}", dir.path().join("s.sock").display()),
@@ -957,7 +957,7 @@ fn tls_options_as_upstream_validates_and_serves_them() {
 #[test]
 fn deployment_template_says_how_to_switch_to_token_authentication() {
     let dir = tempfile::tempdir().unwrap();
-    let (pki, _) = konnectivity_server::tls::DevPki::ensure(&dir.path().join("gen")).unwrap();
+    let (pki, _) = kube_traffic::tls::DevPki::ensure(&dir.path().join("gen")).unwrap();
     let pki_dir = dir.path().join("pki");
     std::fs::create_dir_all(&pki_dir).unwrap();
     std::fs::copy(&pki.server_cert, pki_dir.join("cluster.crt")).unwrap();

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use konnectivity_server::tls::DevPki;
+use kube_traffic::tls::DevPki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_konnectivity-server");
 const WAIT: Duration = Duration::from_secs(30);

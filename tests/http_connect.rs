@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use konnectivity_server::proto::packet::Payload;
+use kube_traffic::proto::packet::Payload;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use konnectivity_server::proto::Packet;
+use kube_traffic::proto::Packet;
 
 /// One server's life: agents (accepted and rejected), tunnels that succeed, fail, are pending,
 /// die abruptly, and a shutdown with streams still live.

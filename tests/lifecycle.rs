@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use konnectivity_server::tls::DevPki;
+use kube_traffic::tls::DevPki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_konnectivity-server");
 const WAIT: Duration = Duration::from_secs(15);
@@ -159,7 +159,7 @@ impl Server {
     fn presented_certificate(&self, trusted: &[&Path]) -> Vec<u8> {
         let mut roots = rustls::RootCertStore::empty();
         for ca in trusted {
-            for cert in konnectivity_server::tls::load_certs(ca).unwrap() {
+            for cert in kube_traffic::tls::load_certs(ca).unwrap() {
                 roots.add(cert).unwrap();
             }
         }
@@ -170,8 +170,8 @@ impl Server {
             .unwrap()
             .with_root_certificates(roots)
             .with_client_auth_cert(
-                konnectivity_server::tls::load_certs(&cert).unwrap(),
-                konnectivity_server::tls::load_key(&key).unwrap(),
+                kube_traffic::tls::load_certs(&cert).unwrap(),
+                kube_traffic::tls::load_key(&key).unwrap(),
             )
             .unwrap();
         let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
@@ -195,7 +195,7 @@ impl Server {
         identity: Option<&(PathBuf, PathBuf)>,
         trusted: &[&Path],
     ) -> Result<(), String> {
-        use konnectivity_server::tls::{load_certs, load_key};
+        use kube_traffic::tls::{load_certs, load_key};
         let mut roots = rustls::RootCertStore::empty();
         for ca in trusted {
             for cert in load_certs(ca).unwrap() {
@@ -286,7 +286,7 @@ fn metric(text: &str, series: &str) -> f64 {
 }
 
 fn der_of(path: &Path) -> Vec<u8> {
-    konnectivity_server::tls::load_certs(path).unwrap()[0].to_vec()
+    kube_traffic::tls::load_certs(path).unwrap()[0].to_vec()
 }
 
 fn assert_reload_pair(server: &Server) -> String {

@@ -229,7 +229,7 @@ async fn with_no_other_agent_a_dial_waits_on_a_suspect_one_until_it_is_retired()
         dial_rsp(
             11,
             0,
-            konnectivity_server::wire::AGENT_DISCONNECTED_DURING_DIAL
+            kube_traffic::wire::AGENT_DISCONNECTED_DURING_DIAL
         )
     );
     assert_eq!(h.metrics().dial.dial_retries("no_other_agent"), 1);

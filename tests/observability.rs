@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use common::*;
-use konnectivity_server::proto::{Packet, PacketType};
+use kube_traffic::proto::{Packet, PacketType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
@@ -20,7 +20,7 @@ fn captured() -> &'static Arc<Mutex<Vec<u8>>> {
         let log = Arc::new(Mutex::new(Vec::new()));
         let sink = log.clone();
         let subscriber =
-            konnectivity_server::logging::klog_subscriber(4, "", move || Capture(sink.clone()));
+            kube_traffic::logging::klog_subscriber(4, "", move || Capture(sink.clone()));
         tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
         log
     })
@@ -206,7 +206,7 @@ async fn http_connect_tunnel_logs_and_counts_only_agent_segments() {
         .write_all(b"CONNECT 10.4.4.4:443 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
-    let Some(konnectivity_server::proto::packet::Payload::DialRequest(req)) =
+    let Some(kube_traffic::proto::packet::Payload::DialRequest(req)) =
         agent.recv().await.payload
     else {
         panic!("a DIAL_REQ")
@@ -271,7 +271,7 @@ async fn http_connect_tunnel_logs_and_counts_only_agent_segments() {
 async fn cuttable_frontend(
     uds: &std::path::Path,
 ) -> (
-    konnectivity_server::proto::proxy_service_client::ProxyServiceClient<tonic::transport::Channel>,
+    kube_traffic::proto::proxy_service_client::ProxyServiceClient<tonic::transport::Channel>,
     Arc<Mutex<Vec<std::os::unix::net::UnixStream>>>,
 ) {
     let sockets = Arc::new(Mutex::new(Vec::new()));
@@ -293,7 +293,7 @@ async fn cuttable_frontend(
         .await
         .unwrap();
     (
-        konnectivity_server::proto::proxy_service_client::ProxyServiceClient::new(channel),
+        kube_traffic::proto::proxy_service_client::ProxyServiceClient::new(channel),
         sockets,
     )
 }

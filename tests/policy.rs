@@ -7,8 +7,8 @@
 mod common;
 
 use common::*;
-use konnectivity_server::proto::packet::Payload;
-use konnectivity_server::proto::Packet;
+use kube_traffic::proto::packet::Payload;
+use kube_traffic::proto::Packet;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -134,8 +134,8 @@ fn a_bad_rule_names_its_flag() {
         "--server-port=0",
         "--deny-destinations=10.0.0.0/33",
     ];
-    let options = konnectivity_server::config::Options::parse_from_args(args).unwrap();
-    let err = konnectivity_server::config::Config::from_options(&options)
+    let options = kube_traffic::config::Options::parse_from_args(args).unwrap();
+    let err = kube_traffic::config::Config::from_options(&options)
         .unwrap_err()
         .to_string();
     assert!(

@@ -1,7 +1,7 @@
 //! Releasing start-up pages (src/lifecycle/startup_pages.rs) in a process of its own: the
 //! capture must happen before other threads start, which a shared test binary cannot promise.
 
-use konnectivity_server::lifecycle::startup_pages::{Released, StartupMappings};
+use kube_traffic::lifecycle::startup_pages::{Released, StartupMappings};
 
 use procfs::process::{MMPermissions, Process};
 

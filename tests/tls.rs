@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use konnectivity_server::config::TlsVersion;
-use konnectivity_server::tls::{self, TlsError, TlsFiles, TlsPolicy};
+use kube_traffic::config::TlsVersion;
+use kube_traffic::tls::{self, TlsError, TlsFiles, TlsPolicy};
 use tokio::net::{TcpListener, TcpStream};
 
 fn openssl(dir: &Path, args: &[&str]) {

@@ -8,9 +8,9 @@ mod common;
 
 use clap::Parser;
 use common::*;
-use konnectivity_server::agent::{self, AgentConfig, AgentListeners, AgentOptions, RunningAgent};
-use konnectivity_server::proto::packet::Payload;
-use konnectivity_server::proto::Packet;
+use kube_traffic::agent::{self, AgentConfig, AgentListeners, AgentOptions, RunningAgent};
+use kube_traffic::proto::packet::Payload;
+use kube_traffic::proto::Packet;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

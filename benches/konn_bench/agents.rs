@@ -11,8 +11,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
-use konnectivity_server::proto::agent_service_client::AgentServiceClient;
-use konnectivity_server::proto::Packet;
+use kube_traffic::proto::agent_service_client::AgentServiceClient;
+use kube_traffic::proto::Packet;
 
 use crate::env::{start_env, Ctx, FrontMode, Pair};
 use crate::procs::{cpu_secs, status_kib};

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-use konnectivity_server::tls::DevPki;
+use kube_traffic::tls::DevPki;
 
 use crate::opts::Opts;
 use crate::pattern::splitmix;

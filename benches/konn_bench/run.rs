@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use konnectivity_server::tls::DevPki;
+use kube_traffic::tls::DevPki;
 
 use crate::agent_idle::w_agent_idle;
 use crate::agents::w_agents;

@@ -14,10 +14,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Streaming;
 
-use konnectivity_server::proto::packet::Payload;
-use konnectivity_server::proto::proxy_service_client::ProxyServiceClient;
-use konnectivity_server::proto::Packet;
-use konnectivity_server::wire;
+use kube_traffic::proto::packet::Payload;
+use kube_traffic::proto::proxy_service_client::ProxyServiceClient;
+use kube_traffic::proto::Packet;
+use kube_traffic::wire;
 
 use crate::farend::TRAILER_SHORT;
 use crate::opts::FIXED_WINDOW;

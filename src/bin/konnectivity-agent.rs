@@ -2,10 +2,10 @@
 
 use std::process::ExitCode;
 
-use konnectivity_server::agent::{self, AgentConfig, AgentListeners, AgentOptions, Snapshot};
-use konnectivity_server::cli::{self, fail};
-use konnectivity_server::config::layers;
-use konnectivity_server::lifecycle::{self, startup_pages};
+use kube_traffic::agent::{self, AgentConfig, AgentListeners, AgentOptions, Snapshot};
+use kube_traffic::cli::{self, fail};
+use kube_traffic::config::layers;
+use kube_traffic::lifecycle::{self, startup_pages};
 
 // jemalloc (see src/allocator.rs): installed by the binary rather than the library, so test
 // binaries can count allocations with an allocator of their own.

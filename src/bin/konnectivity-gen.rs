@@ -22,9 +22,9 @@ use clap_complete::Shell;
 use clap_mangen::roff::{bold, italic, roman, Inline, Roff};
 use clap_mangen::Man;
 
-use konnectivity_server::agent::AgentOptions;
-use konnectivity_server::config::Options;
-use konnectivity_server::tunnels_cli::TunnelsArgs;
+use kube_traffic::agent::AgentOptions;
+use kube_traffic::config::Options;
+use kube_traffic::tunnels_cli::TunnelsArgs;
 
 /// Section 8: both programs are daemons that systemd starts, not commands a user runs.
 const PROGRAM_SECTION: &str = "8";

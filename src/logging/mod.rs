@@ -30,8 +30,9 @@ mod sink;
 use sink::{batched, open_capped};
 pub use sink::{finish, FileSink};
 
-/// Our targets: the library (`konnectivity_server`) and both binaries (`konnectivity_server`, `konnectivity_agent`).
-const CRATE: &str = "konnectivity_";
+/// Our targets: the library (`kube_traffic`) and the programs (`konnectivity_server`,
+/// `konnectivity_agent`, `kube_proxy`). Other crates' lines show only at warning and above.
+const OURS: [&str; 3] = ["kube_traffic", "konnectivity_", "kube_proxy"];
 
 /// `-v`.
 static VERBOSITY: AtomicI64 = AtomicI64::new(4);
@@ -109,7 +110,7 @@ fn decide(meta: &Metadata<'_>) -> Option<bool> {
     if *level <= Level::WARN {
         return Some(true);
     }
-    if !meta.target().starts_with(CRATE) {
+    if !OURS.iter().any(|ours| meta.target().starts_with(ours)) {
         return Some(false);
     }
     let threshold = threshold(meta.file());

@@ -15,13 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use konnectivity_server::config::{Config, Options};
-use konnectivity_server::proto::agent_service_client::AgentServiceClient;
-use konnectivity_server::proto::proxy_service_client::ProxyServiceClient;
-use konnectivity_server::proto::Packet;
-use konnectivity_server::testing::{bind_uds, Metrics};
-use konnectivity_server::tls::DevPki;
-use konnectivity_server::{FrontendListener, Listeners, RunningServer};
+use kube_traffic::config::{Config, Options};
+use kube_traffic::proto::agent_service_client::AgentServiceClient;
+use kube_traffic::proto::proxy_service_client::ProxyServiceClient;
+use kube_traffic::proto::Packet;
+use kube_traffic::testing::{bind_uds, Metrics};
+use kube_traffic::tls::DevPki;
+use kube_traffic::{FrontendListener, Listeners, RunningServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::mpsc;
@@ -74,9 +74,9 @@ pub async fn eventually(
 // Packets: the library's wire vocabulary under the short names the tests use.
 
 #[allow(unused_imports)] // each test binary uses its own subset
-pub use konnectivity_server::wire;
+pub use kube_traffic::wire;
 #[allow(unused_imports)]
-pub use konnectivity_server::wire::{
+pub use kube_traffic::wire::{
     close_request as close_req, close_response as close_rsp, data, dial_close as dial_cls,
     dial_request as dial_req, dial_response as dial_rsp, packet as pkt,
 };
@@ -220,7 +220,7 @@ impl Harness {
         let agent_addr = agent.local_addr().unwrap();
         let health_addr = health.local_addr().unwrap();
         let admin_addr = admin.local_addr().unwrap();
-        let server = konnectivity_server::spawn(
+        let server = kube_traffic::spawn(
             config,
             Listeners {
                 frontend,
@@ -268,7 +268,7 @@ impl Harness {
     pub fn reconfigure(&self, extra: &[&str]) {
         let mut config = config_with(&self.uds, &self.pki, extra);
         config.server_id = self.server_id.clone();
-        let snapshot = konnectivity_server::Snapshot::build(config).expect("test config loads");
+        let snapshot = kube_traffic::Snapshot::build(config).expect("test config loads");
         self.server.shared.apply(snapshot);
     }
 
@@ -348,7 +348,7 @@ impl Harness {
         connections: usize,
         drain: Duration,
     ) -> (
-        Arc<konnectivity_server::testing::Shared>,
+        Arc<kube_traffic::testing::Shared>,
         tokio::task::JoinHandle<()>,
     ) {
         // One hold per accepted connection and one for the acceptor waiting in accept.
@@ -522,7 +522,7 @@ impl Harness {
 
 /// A server that has been shut down.
 pub struct Stopped {
-    shared: Arc<konnectivity_server::testing::Shared>,
+    shared: Arc<kube_traffic::testing::Shared>,
     baseline_tasks: usize,
     _dir: tempfile::TempDir,
 }

@@ -5,6 +5,8 @@
 #
 #   ${XDG_CACHE_HOME:-$HOME/.cache}/konnectivity-kube/<key>/
 #     kube-apiserver   k8s.io/kubernetes/cmd/kube-apiserver   (tests/kube/go.mod)
+#     kube-proxy       k8s.io/kubernetes/cmd/kube-proxy       (the same module: the proxy tests'
+#                      upstream side; its build reuses the apiserver's package cache)
 #     etcd             go.etcd.io/etcd/server/v3              (tests/kube/etcd/go.mod)
 #     VERSIONS         what was built, with which Go
 #
@@ -42,7 +44,7 @@ done
 GOVERSION="$("$GO" env GOVERSION)"
 SUM="$(cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/etcd/go.mod" "$HERE/etcd/go.sum" "$HERE/build.sh" | sha256sum | cut -c1-16)"
 KEY="kube-${KUBE_VERSION}_etcd-${ETCD_VERSION}_${GOVERSION}_${SUM}"
-cache_setup konnectivity-kube "$KEY" kube-apiserver etcd
+cache_setup konnectivity-kube "$KEY" kube-apiserver kube-proxy etcd
 cache_reuse_or_lock
 
 now() { date +%s.%N; }
@@ -66,11 +68,14 @@ T0=$(now)
 MINOR="${KUBE_VERSION#v1.}"; MINOR="${MINOR%%.*}"
 build "$HERE" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver \
   "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$MINOR -X k8s.io/component-base/version.gitTreeState=clean"
+build "$HERE" kube-proxy k8s.io/kubernetes/cmd/kube-proxy \
+  "-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$MINOR -X k8s.io/component-base/version.gitTreeState=clean"
 build "$HERE/etcd" etcd go.etcd.io/etcd/server/v3 \
   "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION"
 
 {
   echo "kube-apiserver k8s.io/kubernetes $KUBE_VERSION (staging modules v0.${MINOR}.${KUBE_VERSION##*.})"
+  echo "kube-proxy k8s.io/kubernetes $KUBE_VERSION"
   echo "etcd go.etcd.io/etcd/server/v3 $ETCD_VERSION"
   echo "go $GOVERSION"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) in $(secs "$T0" "$(now)")s"

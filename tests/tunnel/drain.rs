@@ -5,7 +5,7 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_serves_the_first_dial_of_a_connection_and_refuses_later_ones() {
-    use konnectivity_server::wire::SHUTTING_DOWN;
+    use kube_traffic::wire::SHUTTING_DOWN;
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
     let used = h.frontend().await;

@@ -108,7 +108,7 @@ async fn misbehaving_unknown_ids_are_contained() {
     agent
         .send(pkt(
             PacketType::Drain,
-            Payload::Drain(konnectivity_server::proto::Drain {}),
+            Payload::Drain(kube_traffic::proto::Drain {}),
         ))
         .await;
     assert_eq!(agent.sync().await, Vec::<Packet>::new());
@@ -407,7 +407,7 @@ async fn misbehaving_agent_same_agent_id_streams_cannot_touch_each_others_connec
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misbehaving_frontend_stops_reading_only_its_tunnel_is_closed() {
-    use konnectivity_server::wire::FRONTEND_QUEUE_OVERFLOW;
+    use kube_traffic::wire::FRONTEND_QUEUE_OVERFLOW;
     let h = Harness::start().await;
     let mut agent = h.agent("agent-1").await;
     let fe = h.frontend().await;
@@ -458,7 +458,7 @@ async fn misbehaving_frontend_stops_reading_only_its_tunnel_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misbehaving_frontends_past_the_budget_the_largest_idle_one_is_closed_first() {
-    use konnectivity_server::wire::FRONTEND_QUEUE_BUDGET;
+    use kube_traffic::wire::FRONTEND_QUEUE_BUDGET;
     // Per-tunnel limits far above the budget, so only the budget can close anything.
     let h = Harness::start_with(&[
         "--frontend-queue-limit-bytes=33554432",

@@ -2,10 +2,10 @@
 //! error texts, and the destination the test dials.
 
 pub use crate::common::*;
-pub use konnectivity_server::proto::packet::Payload;
-pub use konnectivity_server::proto::{DialResponse, Packet, PacketType};
-pub use konnectivity_server::testing::DialFailure;
-pub use konnectivity_server::wire::{
+pub use kube_traffic::proto::packet::Payload;
+pub use kube_traffic::proto::{DialResponse, Packet, PacketType};
+pub use kube_traffic::testing::DialFailure;
+pub use kube_traffic::wire::{
     AGENT_DISCONNECTED_DURING_DIAL, BACKEND_NOT_INITIALIZED, BACKEND_UNINITIALIZED, DIAL_TIMEOUT,
     MISMATCHED_CONNECTION_IDS, NO_AGENT_AVAILABLE,
 };
