@@ -38,6 +38,10 @@ mod state;
 // The agent: a second program over the same vocabulary, TLS, config layers and lifecycle.
 pub mod agent;
 
+// kube-proxy: a third program, the node's Service proxy, over the same flag syntax, klog
+// logging, config layers, systemd lifecycle and metrics exposition.
+pub mod kube_proxy;
+
 // Wiring and process lifecycle.
 pub mod cli;
 pub mod dev;

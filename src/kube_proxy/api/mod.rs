@@ -1,0 +1,3 @@
+//! What the API says: Services and EndpointSlices read into the values the proxy keeps.
+
+pub mod objects;

@@ -1,0 +1,19 @@
+//! kube-proxy: the node's Service proxy, a drop-in for upstream's kube-proxy v1.37 in its
+//! nftables mode. The layers follow upstream's `pkg/proxy`, bottom up:
+//!
+//! - `model`: the vocabulary (families, protocols, Service ports, endpoints);
+//! - `api`: what the API says, read once into typed values (`objects`), kept (`store`) and
+//!   watched;
+//! - `topology`: which endpoints a port sends traffic to from this node (a pure function);
+//! - `nft`: nftables' objects, rules and transactions, the table as data, and the kernel;
+//! - `ruleset`: the table rendered from the wanted state and planned as one transaction per
+//!   sync, with no I/O;
+//! - `trace`: a packet walked through a table (the rendered one or the kernel's);
+//! - the proxier, the runner that decides when to sync, and the process around them.
+
+pub mod api;
+pub mod model;
+pub mod nft;
+pub mod ruleset;
+pub mod topology;
+pub mod trace;
