@@ -17,3 +17,6 @@ pub mod nft;
 pub mod ruleset;
 pub mod topology;
 pub mod trace;
+
+#[doc(hidden)]
+pub mod testing;
