@@ -12,6 +12,7 @@ mod codec;
 pub mod config;
 pub mod gofmt;
 mod hpack;
+mod http_port;
 mod identifiers;
 pub mod logging;
 mod metrics;

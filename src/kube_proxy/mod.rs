@@ -12,9 +12,13 @@
 //! - the proxier, the runner that decides when to sync, and the process around them.
 
 pub mod api;
+pub mod healthz;
+pub mod metrics;
 pub mod model;
 pub mod nft;
+pub mod proxier;
 pub mod ruleset;
+pub mod runner;
 pub mod topology;
 pub mod trace;
 

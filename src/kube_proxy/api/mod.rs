@@ -1,3 +1,4 @@
 //! What the API says: Services and EndpointSlices read into the values the proxy keeps.
 
 pub mod objects;
+pub mod store;
