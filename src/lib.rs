@@ -13,6 +13,7 @@ pub mod config;
 pub mod gofmt;
 mod hpack;
 mod http_port;
+pub mod kube_client;
 mod identifiers;
 pub mod logging;
 mod metrics;

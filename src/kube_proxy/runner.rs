@@ -24,17 +24,19 @@ pub struct Intervals {
     pub max: Duration,
 }
 
-/// Runs `sync` whenever `requests` is notified (and on the timers) until `stop`.
+/// What the runner runs.
+pub trait SyncTarget {
+    fn sync(&mut self) -> impl Future<Output = SyncOutcome> + Send + '_;
+}
+
+/// Runs `target`'s sync whenever `requests` is notified (and on the timers) until `stop`.
 /// `intervals` is read before each wait, so a reload changes them in place.
-pub async fn run<S, F>(
+pub async fn run<T: SyncTarget>(
     requests: Arc<Notify>,
     intervals: impl Fn() -> Intervals,
     stop: CancellationToken,
-    mut sync: S,
-) where
-    S: FnMut() -> F,
-    F: Future<Output = SyncOutcome>,
-{
+    target: &mut T,
+) {
     let mut next_run = Instant::now() + intervals().max;
     let mut wake_at: Option<Instant> = None;
     loop {
@@ -45,7 +47,7 @@ pub async fn run<S, F>(
             _ = requests.notified() => {}
             _ = tokio::time::sleep_until(deadline) => {}
         }
-        let outcome = sync().await;
+        let outcome = target.sync().await;
         let now = Instant::now();
         let i = intervals();
         next_run = now
@@ -70,6 +72,20 @@ mod tests {
 
     use super::*;
 
+    /// Counts its runs and answers from a script.
+    struct Script {
+        runs: Arc<AtomicUsize>,
+        answer: fn(usize) -> SyncOutcome,
+    }
+
+    impl SyncTarget for Script {
+        fn sync(&mut self) -> impl Future<Output = SyncOutcome> + Send + '_ {
+            let n = self.runs.fetch_add(1, Ordering::SeqCst);
+            let answer = (self.answer)(n);
+            async move { answer }
+        }
+    }
+
     fn intervals() -> Intervals {
         Intervals {
             min: Duration::from_secs(1),
@@ -83,17 +99,15 @@ mod tests {
         let requests = Arc::new(Notify::new());
         let stop = CancellationToken::new();
         let runs = Arc::new(AtomicUsize::new(0));
-        let counted = runs.clone();
-        let task = tokio::spawn(run(requests.clone(), intervals, stop.clone(), move || {
-            let counted = counted.clone();
-            async move {
-                counted.fetch_add(1, Ordering::SeqCst);
-                SyncOutcome {
-                    ok: true,
-                    wake_at: None,
-                }
-            }
-        }));
+        let mut script = Script {
+            runs: runs.clone(),
+            answer: |_| SyncOutcome {
+                ok: true,
+                wake_at: None,
+            },
+        };
+        let (r, s) = (requests.clone(), stop.clone());
+        let task = tokio::spawn(async move { run(r, intervals, s, &mut script).await });
         requests.notify_one();
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -118,29 +132,25 @@ mod tests {
         let requests = Arc::new(Notify::new());
         let stop = CancellationToken::new();
         let runs = Arc::new(AtomicUsize::new(0));
-        let counted = runs.clone();
-        let task = tokio::spawn(run(requests.clone(), intervals, stop.clone(), move || {
-            let counted = counted.clone();
-            async move {
-                let n = counted.fetch_add(1, Ordering::SeqCst);
-                match n {
-                    0 => SyncOutcome {
-                        ok: false,
-                        wake_at: None,
-                    },
-                    1 => SyncOutcome {
-                        ok: true,
-                        wake_at: Some(
-                            tokio::time::Instant::now().into_std() + Duration::from_secs(5),
-                        ),
-                    },
-                    _ => SyncOutcome {
-                        ok: true,
-                        wake_at: None,
-                    },
-                }
-            }
-        }));
+        let mut script = Script {
+            runs: runs.clone(),
+            answer: |n| match n {
+                0 => SyncOutcome {
+                    ok: false,
+                    wake_at: None,
+                },
+                1 => SyncOutcome {
+                    ok: true,
+                    wake_at: Some(tokio::time::Instant::now().into_std() + Duration::from_secs(5)),
+                },
+                _ => SyncOutcome {
+                    ok: true,
+                    wake_at: None,
+                },
+            },
+        };
+        let (r, s) = (requests.clone(), stop.clone());
+        let task = tokio::spawn(async move { run(r, intervals, s, &mut script).await });
         requests.notify_one();
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert_eq!(runs.load(Ordering::SeqCst), 1);

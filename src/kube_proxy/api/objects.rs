@@ -503,4 +503,5 @@ pub fn read_slice(slice: &EndpointSlice, node_name: &str) -> Result<ReadSlice, R
     })
 }
 
-// TESTS-PENDING
+#[cfg(test)]
+mod tests;

@@ -85,6 +85,7 @@ impl Proxier {
         metrics: Arc<ProxyMetrics>,
         health: Arc<ProxyHealth>,
         after: Box<dyn AfterSync>,
+        status: Arc<Mutex<SyncStatus>>,
     ) -> Proxier {
         Proxier {
             family: settings.family,
@@ -103,7 +104,7 @@ impl Proxier {
             last_full: None,
             started: SystemTime::now(),
             last_failure_log: None,
-            status: Arc::new(Mutex::new(SyncStatus::default())),
+            status,
         }
     }
 
