@@ -37,7 +37,8 @@ pub async fn config(kubeconfig: Option<&Path>, master: &str) -> Result<kube::Con
                 path: path.display().to_string(),
                 message,
             };
-            let file = kube::config::Kubeconfig::read_from(path).map_err(|e| fail(e.to_string()))?;
+            let file =
+                kube::config::Kubeconfig::read_from(path).map_err(|e| fail(e.to_string()))?;
             kube::Config::from_custom_kubeconfig(file, &Default::default())
                 .await
                 .map_err(|e| fail(e.to_string()))?

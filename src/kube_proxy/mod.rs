@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod healthz;
+pub mod interfaces;
 pub mod metrics;
 pub mod model;
 pub mod nft;
@@ -21,6 +22,7 @@ pub mod ruleset;
 pub mod runner;
 pub mod topology;
 pub mod trace;
+pub mod trace_cli;
 
 #[doc(hidden)]
 pub mod testing;

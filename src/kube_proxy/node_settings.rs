@@ -4,11 +4,13 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+pub use super::interfaces::interface_addresses;
+
 use ipnet::IpNet;
 
 use super::api::node::NodeInfo;
 use super::config::{DetectLocal, NodePortAddress, ProxyConfig};
-use super::model::{unmap, IpFamily};
+use super::model::IpFamily;
 use super::ruleset::settings::{LocalDetector, NodePorts, Settings};
 
 /// The node's addresses of each family, as upstream picks them: `--bind-address` when it is
@@ -57,27 +59,6 @@ impl NodeIps {
     pub fn primary_ip(&self) -> IpAddr {
         self.of(self.primary)
     }
-}
-
-/// The addresses of the node's interfaces (in the network namespace the proxy runs in).
-pub fn interface_addresses() -> Vec<IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for ifa in addrs {
-        let Some(addr) = ifa.address else {
-            continue;
-        };
-        if let Some(v4) = addr.as_sockaddr_in() {
-            out.push(IpAddr::V4(Ipv4Addr::from(v4.ip())));
-        } else if let Some(v6) = addr.as_sockaddr_in6() {
-            out.push(unmap(IpAddr::V6(v6.ip())));
-        }
-    }
-    out.sort();
-    out.dedup();
-    out
 }
 
 /// `--nodeport-addresses` for one family: the keywords expanded (`primary` to the node's

@@ -39,7 +39,10 @@ impl NodeInfo {
         let mut ips = Vec::new();
         if let Some(first) = all.first() {
             ips.push(*first);
-            if let Some(other) = all.iter().find(|ip| IpFamily::of(ip) != IpFamily::of(first)) {
+            if let Some(other) = all
+                .iter()
+                .find(|ip| IpFamily::of(ip) != IpFamily::of(first))
+            {
                 ips.push(*other);
             }
         }
@@ -69,6 +72,9 @@ impl NodeInfo {
     }
 
     pub fn ip_of(&self, family: IpFamily) -> Option<IpAddr> {
-        self.ips.iter().copied().find(|ip| IpFamily::of(ip) == family)
+        self.ips
+            .iter()
+            .copied()
+            .find(|ip| IpFamily::of(ip) == family)
     }
 }

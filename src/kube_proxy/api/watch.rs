@@ -81,14 +81,22 @@ fn key(meta: &kube::api::ObjectMeta) -> String {
     )
 }
 
-async fn next<S: futures_util::Stream + Unpin>(stream: &mut S, stop: &CancellationToken) -> Option<S::Item> {
+async fn next<S: futures_util::Stream + Unpin>(
+    stream: &mut S,
+    stop: &CancellationToken,
+) -> Option<S::Item> {
     tokio::select! {
         _ = stop.cancelled() => None,
         item = stream.next() => item,
     }
 }
 
-pub async fn services(client: kube::Client, store: Arc<Store>, problems: Arc<Problems>, stop: CancellationToken) {
+pub async fn services(
+    client: kube::Client,
+    store: Arc<Store>,
+    problems: Arc<Problems>,
+    stop: CancellationToken,
+) {
     let config = watcher::Config::default()
         .labels(&format!("!{SERVICE_PROXY_NAME}"))
         .fields("spec.clusterIP!=None")

@@ -270,16 +270,38 @@ fn net(v: &Value) -> Option<ipnet::IpNet> {
     ipnet::IpNet::new(addr, len).ok()
 }
 
+/// A range of addresses as the prefixes that cover exactly it (the kernel merges adjacent
+/// addresses of an anonymous set into a range).
+fn range(v: &Value) -> Option<Vec<ipnet::IpNet>> {
+    let ends = v.get("range")?.as_array()?;
+    let (start, end) = (ip(ends.first()?)?, ip(ends.get(1)?)?);
+    Some(match (start, end) {
+        (IpAddr::V4(a), IpAddr::V4(b)) => {
+            ipnet::Ipv4Subnets::new(a, b, 0).map(Into::into).collect()
+        }
+        (IpAddr::V6(a), IpAddr::V6(b)) => {
+            ipnet::Ipv6Subnets::new(a, b, 0).map(Into::into).collect()
+        }
+        _ => return None,
+    })
+}
+
 fn addr_value(v: &Value) -> Option<AddrValue> {
     if let Some(name) = v.as_str().and_then(|s| s.strip_prefix('@')) {
         return Some(AddrValue::Named(name.to_owned()));
     }
     if let Some(items) = v.get("set").and_then(Value::as_array) {
-        return items
-            .iter()
-            .map(net)
-            .collect::<Option<Vec<_>>>()
-            .map(AddrValue::Anonymous);
+        let mut nets = Vec::new();
+        for item in items {
+            match range(item) {
+                Some(covered) => nets.extend(covered),
+                None => nets.push(net(item)?),
+            }
+        }
+        return Some(AddrValue::Anonymous(nets));
+    }
+    if let Some(covered) = range(v) {
+        return Some(AddrValue::Anonymous(covered));
     }
     net(v).map(AddrValue::Net)
 }

@@ -44,8 +44,15 @@ fn a_dual_stack_load_balancer_reads_per_family() {
     assert_eq!(p.cluster_ip, "10.96.0.10".parse::<IpAddr>().unwrap());
     assert_eq!((p.port, p.node_port), (80, 30080));
     assert_eq!(p.external_ips, ["1.2.3.4".parse::<IpAddr>().unwrap()]);
-    assert_eq!(p.lb_vips, ["5.6.7.8".parse::<IpAddr>().unwrap()], "Proxy mode and hostnames are skipped");
-    assert_eq!(p.source_ranges, ["203.0.113.0/25".parse::<IpNet>().unwrap()]);
+    assert_eq!(
+        p.lb_vips,
+        ["5.6.7.8".parse::<IpAddr>().unwrap()],
+        "Proxy mode and hostnames are skipped"
+    );
+    assert_eq!(
+        p.source_ranges,
+        ["203.0.113.0/25".parse::<IpNet>().unwrap()]
+    );
     assert!(p.external_policy_local && !p.internal_policy_local);
     assert_eq!(p.affinity_timeout, Some(600));
     assert_eq!(p.health_check_node_port, 30100);
@@ -62,7 +69,9 @@ fn skipped_services_and_bad_entries() {
         serde_json::json!({"clusterIP": "None", "ports": [{"port": 80}]}),
         serde_json::json!({"clusterIP": "", "ports": [{"port": 80}]}),
     ] {
-        let svc = service(serde_json::json!({"metadata": {"namespace": "ns", "name": "s"}, "spec": spec}));
+        let svc = service(
+            serde_json::json!({"metadata": {"namespace": "ns", "name": "s"}, "spec": spec}),
+        );
         assert!(read_service(&svc).expect("readable").service.is_none());
     }
     // A ClusterIP of the wrong family, bad IPs, an unknown protocol and a bad port name: the
@@ -86,11 +95,16 @@ fn skipped_services_and_bad_entries() {
     }));
     let read = read_service(&svc).expect("readable");
     let obj = read.service.expect("proxied");
-    assert_eq!(obj.cluster_ip_v4, None, "the IPv4 ClusterIP is an IPv6 address");
+    assert_eq!(
+        obj.cluster_ip_v4, None,
+        "the IPv4 ClusterIP is an IPv6 address"
+    );
     assert_eq!(obj.ports.len(), 1);
     assert_eq!(read.problems.len(), 7, "{:#?}", read.problems);
     // A name that could break an nft command refuses the whole object.
-    let svc = service(serde_json::json!({"metadata": {"namespace": "ns", "name": "a b"}, "spec": {"clusterIP": "10.0.0.1"}}));
+    let svc = service(
+        serde_json::json!({"metadata": {"namespace": "ns", "name": "a b"}, "spec": {"clusterIP": "10.0.0.1"}}),
+    );
     assert!(matches!(read_service(&svc), Err(Refused::BadName(_))));
 }
 
@@ -117,10 +131,19 @@ fn slices_read_as_upstream_reads_them() {
         ]
     }));
     let read = read_slice(&s, "node-a").expect("readable");
-    assert_eq!(read.problems.len(), 1, "the IPv6 address: {:?}", read.problems);
+    assert_eq!(
+        read.problems.len(),
+        1,
+        "the IPv6 address: {:?}",
+        read.problems
+    );
     let obj = read.slice;
     assert_eq!(obj.service, ServiceName::new("ns1", "svc1"));
-    assert_eq!(obj.ports.len(), 1, "unnamed and port-less ports are skipped");
+    assert_eq!(
+        obj.ports.len(),
+        1,
+        "unnamed and port-less ports are skipped"
+    );
     assert_eq!(obj.endpoints.len(), 2);
     let first = &obj.endpoints[0];
     assert!(first.is_local && first.ready && first.serving && !first.terminating);
@@ -129,8 +152,12 @@ fn slices_read_as_upstream_reads_them() {
     assert!(!obj.endpoints[1].is_local && obj.endpoints[1].terminating);
     assert!(obj.trigger_time.is_some());
     // No Service label: not used.
-    let s = slice(serde_json::json!({"metadata": {"namespace": "ns", "name": "x"}, "addressType": "IPv4", "endpoints": []}));
+    let s = slice(
+        serde_json::json!({"metadata": {"namespace": "ns", "name": "x"}, "addressType": "IPv4", "endpoints": []}),
+    );
     assert!(matches!(read_slice(&s, "n"), Err(Refused::NoServiceLabel)));
-    let s = slice(serde_json::json!({"metadata": {"namespace": "ns", "name": "x", "labels": {"kubernetes.io/service-name": "s"}}, "addressType": "FQDN", "endpoints": []}));
+    let s = slice(
+        serde_json::json!({"metadata": {"namespace": "ns", "name": "x", "labels": {"kubernetes.io/service-name": "s"}}, "addressType": "FQDN", "endpoints": []}),
+    );
     assert!(matches!(read_slice(&s, "n"), Err(Refused::AddressType(_))));
 }
