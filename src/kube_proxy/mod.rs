@@ -12,6 +12,7 @@
 //! - the proxier, the runner that decides when to sync, and the process around them.
 
 pub mod api;
+pub mod cleanup;
 pub mod healthz;
 pub mod interfaces;
 pub mod metrics;
