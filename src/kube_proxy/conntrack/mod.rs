@@ -6,6 +6,7 @@
 //! - `netlink`: the client (`Conntrack`): dump one family's table, delete one entry;
 //! - `cleanup`: which entries are stale, a pure function of the proxier's state;
 //! - `metrics`: the reconciler's two Prometheus families;
+//! - `sysctls`: `nf_conntrack_max`, the hash size and the timeouts;
 //! - here: `clean_stale`, which dumps, decides, deletes and counts.
 
 pub mod cleanup;
@@ -13,6 +14,7 @@ pub mod flow;
 mod messages;
 pub mod metrics;
 pub mod netlink;
+pub mod sysctls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -26,6 +28,7 @@ pub use cleanup::stale_flows;
 pub use flow::{Flow, Tuple};
 pub use metrics::ConntrackMetrics;
 pub use netlink::{Conntrack, ConntrackError, Deletion, Dump};
+pub use sysctls::{set_sysctls, ConntrackSettings, KernelRoots, SysctlError};
 
 /// The conntrack table as the reconciler uses it: the kernel's (`Conntrack`), or a test's.
 pub trait ConntrackTable {
