@@ -9,10 +9,13 @@
 //! - `ruleset`: the table rendered from the wanted state and planned as one transaction per
 //!   sync, with no I/O;
 //! - `trace`: a packet walked through a table (the rendered one or the kernel's);
+//! - `conntrack`: stale UDP entries removed over netlink after a sync, and the conntrack
+//!   sysctls set at start-up;
 //! - the proxier, the runner that decides when to sync, and the process around them.
 
 pub mod api;
 pub mod cleanup;
+pub mod conntrack;
 pub mod healthz;
 pub mod interfaces;
 pub mod metrics;
