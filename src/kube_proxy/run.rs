@@ -151,6 +151,28 @@ impl SettingsInputs {
     }
 }
 
+/// The healthz and metrics ports as they are served now (each stops with its token).
+struct Ports {
+    healthz: Option<(std::net::SocketAddr, CancellationToken)>,
+    metrics: Option<(std::net::SocketAddr, CancellationToken)>,
+}
+
+async fn serve_port(
+    port: Port,
+    addr: Option<std::net::SocketAddr>,
+    shared: &Arc<ProxyShared>,
+    tasks: &TaskTracker,
+    stop: &CancellationToken,
+    hard_fail: bool,
+) -> Result<Option<(std::net::SocketAddr, CancellationToken)>, BindError> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let token = stop.child_token();
+    servers::serve(port, addr, shared.clone(), tasks, token.clone(), hard_fail).await?;
+    Ok(Some((addr, token)))
+}
+
 /// A running proxy.
 pub struct RunningProxy {
     pub shared: Arc<ProxyShared>,
@@ -158,14 +180,43 @@ pub struct RunningProxy {
     stop: CancellationToken,
     fatal: Arc<Mutex<Option<String>>>,
     config_tx: watch::Sender<Arc<ProxyConfig>>,
+    ports: tokio::sync::Mutex<Ports>,
 }
 
 impl RunningProxy {
     /// Applies a new configuration (a reload): the settings it changes are rewritten into
-    /// the kernel by the next sync; the sync periods apply from the next wait.
-    pub fn apply(&self, config: ProxyConfig) {
+    /// the kernel by the next sync (one transaction); the sync periods apply from the next
+    /// wait; the conntrack sysctls are set again; a port whose address changed is served on
+    /// the new one. Established connections are not touched.
+    pub async fn apply(&self, config: ProxyConfig) {
+        let old = self.shared.config();
+        if config.conntrack != old.conntrack {
+            if let Err(e) = sysctls::set_sysctls(&conntrack_settings(&config), &sysctls::KernelRoots::default()) {
+                tracing::error!(error = %e, "Failed to set the conntrack sysctls");
+            }
+        }
+        self.shared.health.set_timeout(config.sync_period * 2);
+        let (healthz, metrics) = (config.healthz_addr, config.metrics_addr);
         self.shared.swap_config(config);
         let _ = self.config_tx.send(self.shared.config());
+        let mut ports = self.ports.lock().await;
+        for (port, want, held) in [
+            (Port::Healthz, healthz, &mut ports.healthz),
+            (Port::Metrics, metrics, &mut ports.metrics),
+        ] {
+            if held.as_ref().map(|(a, _)| *a) == want {
+                continue;
+            }
+            if let Some((addr, token)) = held.take() {
+                tracing::info!(address = %addr, "Closing a port whose address changed");
+                token.cancel();
+            }
+            // A port that cannot be bound now is retried in the background.
+            match serve_port(port, want, &self.shared, &self.tasks, &self.stop, false).await {
+                Ok(served) => *held = served,
+                Err(e) => tracing::error!(error = %e, "Failed to serve a port after a reload"),
+            }
+        }
     }
 
     /// Stops every task; the rules stay in the kernel.
@@ -241,12 +292,11 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     health.set_node_eligible(node.as_ref().is_some_and(|n| !n.leaving));
 
     // The ports.
-    if let Some(addr) = config.healthz_addr {
-        servers::serve(Port::Healthz, addr, shared.clone(), &tasks, stop.clone(), config.bind_address_hard_fail).await?;
-    }
-    if let Some(addr) = config.metrics_addr {
-        servers::serve(Port::Metrics, addr, shared.clone(), &tasks, stop.clone(), config.bind_address_hard_fail).await?;
-    }
+    let hard = config.bind_address_hard_fail;
+    let ports = Ports {
+        healthz: serve_port(Port::Healthz, config.healthz_addr, &shared, &tasks, &stop, hard).await?,
+        metrics: serve_port(Port::Metrics, config.metrics_addr, &shared, &tasks, &stop, hard).await?,
+    };
 
     // The watches.
     let (cidr_tx, cidr_rx) = watch::channel(Vec::<IpNet>::new());
@@ -352,6 +402,7 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
         stop,
         fatal,
         config_tx,
+        ports: tokio::sync::Mutex::new(ports),
     })
 }
 

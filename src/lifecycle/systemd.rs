@@ -42,6 +42,16 @@ pub fn stopping(status: &str) {
 /// Pings the watchdog at half its interval and refreshes STATUS (`status_line`), from a task
 /// on the runtime: if the runtime hangs, the pings stop and systemd restarts us.
 pub fn spawn_heartbeat(status_line: impl Fn() -> String + Send + 'static, stop: CancellationToken) {
+    spawn_heartbeat_when(status_line, || true, stop);
+}
+
+/// [`spawn_heartbeat`], pinging the watchdog only while `healthy` says so: a program whose
+/// own work is stuck (not only its runtime) is restarted too.
+pub fn spawn_heartbeat_when(
+    status_line: impl Fn() -> String + Send + 'static,
+    healthy: impl Fn() -> bool + Send + 'static,
+    stop: CancellationToken,
+) {
     let watchdog = sd_notify::watchdog_enabled();
     let period = watchdog
         .map(|d| d / 2)
@@ -56,7 +66,7 @@ pub fn spawn_heartbeat(status_line: impl Fn() -> String + Send + 'static, stop: 
                 _ = ticks.tick() => {}
             }
             let status = status_line();
-            if watchdog.is_some() {
+            if watchdog.is_some() && healthy() {
                 send(&[NotifyState::Watchdog, NotifyState::Status(&status)]);
             } else if std::env::var_os("NOTIFY_SOCKET").is_some() {
                 send(&[NotifyState::Status(&status)]);
