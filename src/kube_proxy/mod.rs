@@ -9,11 +9,15 @@
 //! - `ruleset`: the table rendered from the wanted state and planned as one transaction per
 //!   sync, with no I/O;
 //! - `trace`: a packet walked through a table (the rendered one or the kernel's);
-//! - the proxier, the runner that decides when to sync, and the process around them.
+//! - the proxier, the runner that decides when to sync, and the process around them;
+//! - `options`, `config`: the command line, the KubeProxyConfiguration file and our TOML,
+//!   upstream's validation, and the typed `ProxyConfig` the rest runs on.
 
 pub mod api;
+pub mod config;
 pub mod model;
 pub mod nft;
+pub mod options;
 pub mod ruleset;
 pub mod topology;
 pub mod trace;
