@@ -36,27 +36,27 @@ use crate::config::{ConfigError, FileLayer, GoDuration, LogFormat, Quantity};
 pub struct KubeProxyOptions {
     // --- about this invocation ---
     /// --version, --version=raw prints version information and quits; --version=vX.Y.Z... sets the reported version
-    #[arg(long, value_name = "version[=true]", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = version_flag, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, value_name = "version[=true]", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = version_flag, action = ArgAction::Set)]
     #[serde(skip)]
     pub version: String,
     /// The path to the configuration file.
-    #[arg(long, value_name = "string", value_parser = any_path)]
+    #[arg(verbatim_doc_comment, long, value_name = "string", value_parser = any_path)]
     #[serde(skip)]
     pub config: Option<PathBuf>,
     /// If set, write the default configuration values to this file and exit.
-    #[arg(long, value_name = "string", default_value = "")]
+    #[arg(verbatim_doc_comment, long, value_name = "string", default_value = "")]
     #[serde(skip)]
     pub write_config_to: String,
     /// If true cleanup iptables and ipvs rules and exit.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     #[serde(skip)]
     pub cleanup: bool,
     /// If true, perform any initialization steps that must be done with full root privileges, and then exit. After doing this, you can run kube-proxy again with only the CAP_NET_ADMIN capability.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     #[serde(skip)]
     pub init_only: bool,
     /// Beyond upstream: validate the configuration, print one line, and exit 0 or 1.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     #[serde(skip)]
     pub check_config: bool,
     /// The flags the command line gave, by name (for the warnings about removed flags and
@@ -79,17 +79,18 @@ pub struct KubeProxyOptions {
 
     // --- the API server ---
     /// A set of key=value pairs that describe feature gates for alpha/experimental features.
-    #[arg(long, value_name = "mapStringBool", help = feature_gates::flag_help(), value_parser = BoolMap::parse, action = ArgAction::Append)]
+    #[arg(verbatim_doc_comment, long, value_name = "mapStringBool", help = feature_gates::flag_help(), value_parser = BoolMap::parse, action = ArgAction::Append)]
     #[serde(with = "bool_maps")]
     pub feature_gates: Vec<BoolMap>,
     /// Path to kubeconfig file with authorization information (the master location can be overridden by the master flag).
-    #[arg(long, value_name = "string", default_value = "")]
+    #[arg(verbatim_doc_comment, long, value_name = "string", default_value = "")]
     pub kubeconfig: String,
     /// The address of the Kubernetes API server (overrides any value in kubeconfig)
-    #[arg(long, value_name = "string", default_value = "")]
+    #[arg(verbatim_doc_comment, long, value_name = "string", default_value = "")]
     pub master: String,
     /// Content type of requests sent to apiserver.
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "string",
         default_value = "application/vnd.kubernetes.protobuf"
@@ -100,13 +101,14 @@ pub struct KubeProxyOptions {
     #[arg(skip)]
     pub accept_content_types: String,
     /// Burst to use while talking with kubernetes apiserver
-    #[arg(long, value_name = "int32", default_value_t = 10, allow_negative_numbers = true, value_parser = go_int32)]
+    #[arg(verbatim_doc_comment, long, value_name = "int32", default_value_t = 10, allow_negative_numbers = true, value_parser = go_int32)]
     pub kube_api_burst: i32,
     /// QPS to use while talking with kubernetes apiserver
-    #[arg(long, value_name = "float32", default_value = "5", allow_negative_numbers = true, value_parser = go_float32)]
+    #[arg(verbatim_doc_comment, long, value_name = "float32", default_value = "5", allow_negative_numbers = true, value_parser = go_float32)]
     pub kube_api_qps: f32,
     /// How often configuration from the apiserver is refreshed.  Must be greater than 0.
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "15m0s",
@@ -116,56 +118,62 @@ pub struct KubeProxyOptions {
 
     // --- the node ---
     /// If non-empty, will be used as the name of the Node that kube-proxy is running on. If unset, the node name is assumed to be the same as the node's hostname.
-    #[arg(long, value_name = "string", default_value = "")]
+    #[arg(verbatim_doc_comment, long, value_name = "string", default_value = "")]
     pub hostname_override: String,
     /// Overrides kube-proxy's idea of what its node's primary IP is. Note that the name is a historical artifact, and kube-proxy does not actually bind any sockets to this IP. This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "ip", default_value = "0.0.0.0", value_parser = ip_flag)]
+    #[arg(verbatim_doc_comment, long, value_name = "ip", default_value = "0.0.0.0", value_parser = ip_flag)]
     pub bind_address: String,
     /// The IP address and port for the health check server to serve on, defaulting to "0.0.0.0:10256". This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "ipport", default_value = "0.0.0.0:10256", value_parser = ipport_flag)]
+    #[arg(verbatim_doc_comment, long, value_name = "ipport", default_value = "0.0.0.0:10256", value_parser = ipport_flag)]
     pub healthz_bind_address: String,
     /// The IP address and port for the metrics server to serve on, defaulting to "127.0.0.1:10249". (Set to "0.0.0.0:10249" / "[::]:10249" to bind on all interfaces.) This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "ipport", default_value = "127.0.0.1:10249", value_parser = ipport_flag)]
+    #[arg(verbatim_doc_comment, long, value_name = "ipport", default_value = "127.0.0.1:10249", value_parser = ipport_flag)]
     pub metrics_bind_address: String,
     /// The port to bind the health check server. Use 0 to disable.
-    #[arg(long, value_name = "int32", default_value_t = 10256, hide = true, allow_negative_numbers = true, value_parser = go_int32)]
+    #[arg(verbatim_doc_comment, long, value_name = "int32", default_value_t = 10256, hide = true, allow_negative_numbers = true, value_parser = go_int32)]
     #[serde(skip)]
     pub healthz_port: i32,
     /// The port to bind the metrics server. Use 0 to disable.
-    #[arg(long, value_name = "int32", default_value_t = 10249, hide = true, allow_negative_numbers = true, value_parser = go_int32)]
+    #[arg(verbatim_doc_comment, long, value_name = "int32", default_value_t = 10249, hide = true, allow_negative_numbers = true, value_parser = go_int32)]
     #[serde(skip)]
     pub metrics_port: i32,
     /// If true kube-proxy will treat failure to bind to a port as fatal and exit
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub bind_address_hard_fail: bool,
     /// If true enables profiling via web interface on /debug/pprof handler. This parameter is ignored if a config file is specified by --config.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub profiling: bool,
     /// The previous version for which you want to show hidden metrics. Only the previous minor version is meaningful, other values will not be allowed. The format is <major>.<minor>, e.g.: '1.16'. The purpose of this format is make sure you have the opportunity to notice if the next release hides additional metrics, rather than being surprised when they are permanently removed in the release after that. This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "string", default_value = "")]
+    #[arg(verbatim_doc_comment, long, value_name = "string", default_value = "")]
     pub show_hidden_metrics_for_version: String,
     /// The oom-score-adj value for kube-proxy process. Values must be within the range [-1000, 1000]. This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "int32", default_value_t = -999, allow_negative_numbers = true, value_parser = go_int32)]
+    #[arg(verbatim_doc_comment, long, value_name = "int32", default_value_t = -999, allow_negative_numbers = true, value_parser = go_int32)]
     pub oom_score_adj: i32,
 
     // --- the proxy mode and its sections ---
     /// Which proxy mode to use: on Linux this can be 'iptables' (default), 'ipvs', or 'nftables'. On Windows the only supported value is 'kernelspace'. This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "ProxyMode", default_value = "")]
+    #[arg(
+        verbatim_doc_comment,
+        long,
+        value_name = "ProxyMode",
+        default_value = ""
+    )]
     pub proxy_mode: String,
     /// If using the iptables or ipvs proxy mode, the bit of the fwmark space to mark packets requiring SNAT with.  Must be within the range [0, 31].
-    #[arg(long, value_name = "int32", default_value_t = 14, allow_negative_numbers = true, value_parser = go_int32)]
+    #[arg(verbatim_doc_comment, long, value_name = "int32", default_value_t = 14, allow_negative_numbers = true, value_parser = go_int32)]
     pub iptables_masquerade_bit: i32,
     /// File only (nftables.masqueradeBit): the fwmark bit of nftables mode.
     #[arg(skip = 14)]
     pub nftables_masquerade_bit: i32,
     /// SNAT all traffic sent via Service cluster IPs. This may be required with some CNI plugins. Only supported on Linux.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub masquerade_all: bool,
     /// If false, kube-proxy will disable the legacy behavior of allowing NodePort services to be accessed via localhost. (Applies only to iptables mode and IPv4; localhost NodePorts are never allowed with other proxy modes or with IPv6.)
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub iptables_localhost_nodeports: bool,
     /// An interval (e.g. '5s', '1m', '2h22m') indicating how frequently various re-synchronizing and cleanup operations are performed. Must be greater than 0.
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "30s",
@@ -174,6 +182,7 @@ pub struct KubeProxyOptions {
     pub iptables_sync_period: GoDuration,
     /// The minimum period between iptables rule resyncs (e.g. '5s', '1m', '2h22m'). A value of 0 means every Service or EndpointSlice change will result in an immediate iptables resync.
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "1s",
@@ -182,6 +191,7 @@ pub struct KubeProxyOptions {
     pub iptables_min_sync_period: GoDuration,
     /// An interval (e.g. '5s', '1m', '2h22m') indicating how frequently various re-synchronizing and cleanup operations are performed. Must be greater than 0.
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "30s",
@@ -190,6 +200,7 @@ pub struct KubeProxyOptions {
     pub ipvs_sync_period: GoDuration,
     /// The minimum period between IPVS rule resyncs (e.g. '5s', '1m', '2h22m'). A value of 0 means every Service or EndpointSlice change will result in an immediate IPVS resync.
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "1s",
@@ -197,17 +208,18 @@ pub struct KubeProxyOptions {
     )]
     pub ipvs_min_sync_period: GoDuration,
     /// The ipvs scheduler type when proxy mode is ipvs
-    #[arg(long, value_name = "string", default_value = "")]
+    #[arg(verbatim_doc_comment, long, value_name = "string", default_value = "")]
     pub ipvs_scheduler: String,
     /// A comma-separated list of CIDRs which the ipvs proxier should not touch when cleaning up IPVS rules.
-    #[arg(long, value_name = "strings", value_delimiter = ',', action = ArgAction::Append)]
+    #[arg(verbatim_doc_comment, long, value_name = "strings", value_delimiter = ',', action = ArgAction::Append)]
     #[serde(deserialize_with = "comma_list")]
     pub ipvs_exclude_cidrs: Vec<String>,
     /// Enable strict ARP by setting arp_ignore to 1 and arp_announce to 2
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub ipvs_strict_arp: bool,
     /// The timeout for idle IPVS TCP connections, 0 to leave as-is. (e.g. '5s', '1m', '2h22m').
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "0s",
@@ -216,6 +228,7 @@ pub struct KubeProxyOptions {
     pub ipvs_tcp_timeout: GoDuration,
     /// The timeout for IPVS TCP connections after receiving a FIN packet, 0 to leave as-is. (e.g. '5s', '1m', '2h22m').
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "0s",
@@ -224,6 +237,7 @@ pub struct KubeProxyOptions {
     pub ipvs_tcpfin_timeout: GoDuration,
     /// The timeout for IPVS UDP packets, 0 to leave as-is. (e.g. '5s', '1m', '2h22m').
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "0s",
@@ -233,31 +247,37 @@ pub struct KubeProxyOptions {
 
     // --- local traffic and node ports ---
     /// Mode to use to detect local traffic. This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "LocalMode", default_value = "")]
+    #[arg(
+        verbatim_doc_comment,
+        long,
+        value_name = "LocalMode",
+        default_value = ""
+    )]
     pub detect_local_mode: String,
     /// A bridge interface name. When --detect-local-mode is set to BridgeInterface, kube-proxy will consider traffic to be local if it originates from this bridge.
-    #[arg(long, value_name = "string", default_value = "")]
+    #[arg(verbatim_doc_comment, long, value_name = "string", default_value = "")]
     pub pod_bridge_interface: String,
     /// An interface name prefix. When --detect-local-mode is set to InterfaceNamePrefix, kube-proxy will consider traffic to be local if it originates from any interface whose name begins with this prefix.
-    #[arg(long, value_name = "string", default_value = "")]
+    #[arg(verbatim_doc_comment, long, value_name = "string", default_value = "")]
     pub pod_interface_name_prefix: String,
     /// The CIDR range of the pods in the cluster. (For dual-stack clusters, this can be a comma-separated dual-stack pair of CIDR ranges.). When --detect-local-mode is set to ClusterCIDR, kube-proxy will consider traffic to be local if its source IP is in this range. (Otherwise it is not used.) This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "string", default_value = "")]
+    #[arg(verbatim_doc_comment, long, value_name = "string", default_value = "")]
     pub cluster_cidr: String,
     /// A list of CIDR ranges and/or keywords that expand to CIDR ranges. NodePort services are only accessible on node IPs covered by the list. Supported keywords: 'primary' (the Node object's primary IPv4 and/or IPv6 addresses), 'localhost' (127.0.0.0/8 and ::1/128), and 'all' (0.0.0.0/0 and ::/0). Any combination of valid keywords and CIDRS may be included in the list. Serving NodePorts on loopback IPs is only supported in iptables mode (IPv4 only, see --iptables-localhost-nodeports), and, only for TCP, in nftables mode when the KubeProxyNFTablesLocalhostNodePorts feature gate is enabled and the list explicitly includes loopback (e.g. 'localhost'). If unset, this defaults to 'all' in iptables and ipvs mode, and to 'primary' in nftables mode. This parameter is ignored if a config file is specified by --config.
-    #[arg(long, value_name = "strings", value_delimiter = ',', action = ArgAction::Append)]
+    #[arg(verbatim_doc_comment, long, value_name = "strings", value_delimiter = ',', action = ArgAction::Append)]
     #[serde(deserialize_with = "comma_list")]
     pub nodeport_addresses: Vec<String>,
 
     // --- conntrack ---
     /// Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore conntrack-min).
-    #[arg(long, value_name = "int32", default_value_t = 32768, allow_negative_numbers = true, value_parser = go_int32)]
+    #[arg(verbatim_doc_comment, long, value_name = "int32", default_value_t = 32768, allow_negative_numbers = true, value_parser = go_int32)]
     pub conntrack_max_per_core: i32,
     /// Minimum number of conntrack entries to allocate, regardless of conntrack-max-per-core (set conntrack-max-per-core=0 to leave the limit as-is).
-    #[arg(long, value_name = "int32", default_value_t = 131072, allow_negative_numbers = true, value_parser = go_int32)]
+    #[arg(verbatim_doc_comment, long, value_name = "int32", default_value_t = 131072, allow_negative_numbers = true, value_parser = go_int32)]
     pub conntrack_min: i32,
     /// Idle timeout for established TCP connections (0 to leave as-is)
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "24h0m0s",
@@ -266,6 +286,7 @@ pub struct KubeProxyOptions {
     pub conntrack_tcp_timeout_established: GoDuration,
     /// NAT timeout for TCP connections in the CLOSE_WAIT state
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "1h0m0s",
@@ -273,10 +294,11 @@ pub struct KubeProxyOptions {
     )]
     pub conntrack_tcp_timeout_close_wait: GoDuration,
     /// Enable liberal mode for tracking TCP packets by setting nf_conntrack_tcp_be_liberal to 1
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub conntrack_tcp_be_liberal: bool,
     /// Idle timeout for UNREPLIED UDP connections (0 to leave as-is)
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "0s",
@@ -285,6 +307,7 @@ pub struct KubeProxyOptions {
     pub conntrack_udp_timeout: GoDuration,
     /// Idle timeout for ASSURED UDP connections (0 to leave as-is)
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "0s",
@@ -294,17 +317,23 @@ pub struct KubeProxyOptions {
 
     // --- logging (component-base) ---
     /// number for the log level verbosity
-    #[arg(short = 'v', long = "v", value_name = "Level", default_value_t = 0, value_parser = go_verbosity)]
+    #[arg(verbatim_doc_comment, short = 'v', long = "v", value_name = "Level", default_value_t = 0, value_parser = go_verbosity)]
     pub v: u32,
     /// comma-separated list of pattern=N settings for file-filtered logging (only works for text log format)
-    #[arg(long, value_name = "pattern=N,...", value_parser = go_vmodule, action = ArgAction::Append)]
+    #[arg(verbatim_doc_comment, long, value_name = "pattern=N,...", value_parser = go_vmodule, action = ArgAction::Append)]
     #[serde(deserialize_with = "comma_list")]
     pub vmodule: Vec<String>,
     /// Sets the log format. Permitted formats: "json" (gated by LoggingBetaOptions), "text".
-    #[arg(long, value_name = "string", default_value = "text")]
+    #[arg(
+        verbatim_doc_comment,
+        long,
+        value_name = "string",
+        default_value = "text"
+    )]
     pub logging_format: String,
     /// Maximum number of seconds between log flushes
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "duration",
         default_value = "5s",
@@ -312,10 +341,11 @@ pub struct KubeProxyOptions {
     )]
     pub log_flush_frequency: GoDuration,
     /// [Alpha] In text format, write error messages to stderr and info messages to stdout. The default is to write a single stream to stdout. Enable the LoggingAlphaOptions feature gate to use this.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub log_text_split_stream: bool,
     /// [Alpha] In text format with split output streams, the info messages can be buffered for a while to increase performance. The default value of zero bytes disables buffering. The size can be specified as number of bytes (512), multiples of 1000 (1K), multiples of 1024 (2Ki), or powers of those (3M, 4G, 5Mi, 6Gi). Enable the LoggingAlphaOptions feature gate to use this.
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "quantity",
         default_value = "0",
@@ -323,10 +353,11 @@ pub struct KubeProxyOptions {
     )]
     pub log_text_info_buffer_size: Quantity,
     /// [Alpha] In JSON format, write error messages to stderr and info messages to stdout. The default is to write a single stream to stdout. Enable the LoggingAlphaOptions feature gate to use this.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub log_json_split_stream: bool,
     /// [Alpha] In JSON format with split output streams, the info messages can be buffered for a while to increase performance. The default value of zero bytes disables buffering. The size can be specified as number of bytes (512), multiples of 1000 (1K), multiples of 1024 (2Ki), or powers of those (3M, 4G, 5Mi, 6Gi). Enable the LoggingAlphaOptions feature gate to use this.
     #[arg(
+        verbatim_doc_comment,
         long,
         value_name = "quantity",
         default_value = "0",
@@ -334,58 +365,82 @@ pub struct KubeProxyOptions {
     )]
     pub log_json_info_buffer_size: Quantity,
     /// Beyond upstream: where logs go: auto (journald when run by systemd, else stderr), journald, stderr.
-    #[arg(long, default_value = "auto")]
+    #[arg(verbatim_doc_comment, long, default_value = "auto")]
     pub log_format: LogFormat,
 
     // --- removed upstream, accepted because unit files still pass them (see removed.rs) ---
     /// Removed in v1.26 (klog): false writes the log to --log-file or --log-dir.
-    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub logtostderr: bool,
     /// Removed in v1.26 (klog): with a log file, also log to stderr.
-    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub alsologtostderr: bool,
     /// Removed in v1.26 (klog): with --logtostderr=false, log to <dir>/kube-proxy.log.
-    #[arg(long, hide = true, default_value = "")]
+    #[arg(verbatim_doc_comment, long, hide = true, default_value = "")]
     pub log_dir: String,
     /// Removed in v1.26 (klog): with --logtostderr=false, log to this file.
-    #[arg(long, hide = true, default_value = "")]
+    #[arg(verbatim_doc_comment, long, hide = true, default_value = "")]
     pub log_file: String,
     /// Removed in v1.26 (klog): the log file's size limit in megabytes (0: none).
-    #[arg(long, hide = true, default_value_t = 1800, value_parser = go_uint)]
+    #[arg(verbatim_doc_comment, long, hide = true, default_value_t = 1800, value_parser = go_uint)]
     pub log_file_max_size: u64,
     /// Removed in v1.26 (klog): accepted, no effect.
-    #[arg(long, hide = true, default_value = ":0", value_name = "traceLocation")]
+    #[arg(
+        verbatim_doc_comment,
+        long,
+        hide = true,
+        default_value = ":0",
+        value_name = "traceLocation"
+    )]
     pub log_backtrace_at: String,
     /// Removed in v1.26 (klog): accepted, no effect.
-    #[arg(long, hide = true, default_value = "2", value_name = "severity")]
+    #[arg(
+        verbatim_doc_comment,
+        long,
+        hide = true,
+        default_value = "2",
+        value_name = "severity"
+    )]
     pub stderrthreshold: String,
     /// Removed in v1.26 (klog): accepted, no effect.
-    #[arg(long, hide = true, default_value = "", value_name = "severity")]
+    #[arg(
+        verbatim_doc_comment,
+        long,
+        hide = true,
+        default_value = "",
+        value_name = "severity"
+    )]
     pub alsologtostderrthreshold: String,
     /// Removed in v1.26 (klog): accepted, no effect.
-    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub legacy_stderr_threshold_behavior: bool,
     /// Removed in v1.26 (klog): accepted, no effect.
-    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub add_dir_header: bool,
     /// Removed in v1.26 (klog): accepted, no effect.
-    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub skip_headers: bool,
     /// Removed in v1.26 (klog): accepted, no effect.
-    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub skip_log_headers: bool,
     /// Removed in v1.26 (klog): accepted, no effect.
-    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_parser = go_bool, action = ArgAction::Set)]
     pub one_output: bool,
     /// Removed: --cleanup always removes ipvs rules too.
-    #[arg(long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
+    #[arg(verbatim_doc_comment, long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     #[serde(skip)]
     pub cleanup_ipvs: bool,
     /// Removed in v1.26 with the userspace proxy (portRange in a file): no effect.
-    #[arg(long, hide = true, default_value = "")]
+    #[arg(verbatim_doc_comment, long, hide = true, default_value = "")]
     pub proxy_port_range: String,
     /// Removed in v1.26 with the userspace proxy: no effect.
-    #[arg(long, hide = true, default_value = "250ms", allow_hyphen_values = true)]
+    #[arg(
+        verbatim_doc_comment,
+        long,
+        hide = true,
+        default_value = "250ms",
+        allow_hyphen_values = true
+    )]
     #[serde(skip)]
     pub udp_timeout: GoDuration,
 }

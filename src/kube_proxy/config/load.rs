@@ -5,7 +5,6 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use super::v1alpha1::API_VERSION;
 use crate::config::layers::{self, CommandLine};
 use crate::config::ConfigError;
 use crate::kube_proxy::options::{KubeProxyOptions, UPSTREAM_VERSION};
@@ -260,11 +259,6 @@ pub fn write_format(path: &str) -> WriteFormat {
     } else {
         WriteFormat::KubeProxyConfiguration
     }
-}
-
-/// The header of our TOML when written from a KubeProxyConfiguration, naming its origin.
-pub fn toml_header() -> String {
-    format!("# kube-proxy settings (flag names in snake_case); equivalent to a {API_VERSION} KubeProxyConfiguration\n")
 }
 
 #[cfg(test)]

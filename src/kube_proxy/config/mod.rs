@@ -135,3 +135,158 @@ impl ProxyConfig {
         yaml::to_yaml(&self.v1alpha1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use clap::Parser;
+
+    use super::*;
+
+    fn config(args: &[&str]) -> Result<ProxyConfig, ValidationError> {
+        let mut all = vec!["kube-proxy"];
+        all.extend_from_slice(args);
+        ProxyConfig::from_options(&KubeProxyOptions::try_parse_from(all).unwrap())
+    }
+
+    #[test]
+    fn defaults_are_upstreams_typed() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.mode, ProxyMode::Iptables);
+        assert!(c.mode_defaulted);
+        assert_eq!(c.node_port_addresses, [NodePortAddress::All]);
+        assert_eq!(c.healthz_addr, Some("0.0.0.0:10256".parse().unwrap()));
+        assert_eq!(c.metrics_addr, Some("127.0.0.1:10249".parse().unwrap()));
+        assert_eq!(c.sync_period, Duration::from_secs(30));
+        assert_eq!(c.min_sync_period, Duration::from_secs(1));
+        assert_eq!(c.config_sync_period, Duration::from_secs(900));
+        assert_eq!(c.masquerade_bit, 14);
+        assert_eq!(c.oom_score_adj, -999);
+        assert_eq!(c.conntrack.max_per_core, 32768);
+        assert_eq!(
+            c.conntrack.tcp_established_timeout,
+            Duration::from_secs(86400)
+        );
+        assert_eq!(c.detect_local, DetectLocal::ClusterCidr(vec![]));
+        assert_eq!(c.client.content_type, "application/vnd.kubernetes.protobuf");
+        assert_eq!(c.client.kubeconfig, None);
+        assert_eq!((c.client.qps, c.client.burst), (5.0, 10));
+        assert_eq!(c.logging.format, LoggingFormat::Text);
+        assert_eq!(c.node_name_override, None);
+        assert!(c.feature_gates.enabled("KubeProxyIPVS"));
+        assert_eq!(c.v1alpha1_json()["kind"], "KubeProxyConfiguration");
+        assert_eq!(c.v1alpha1_json()["mode"], "iptables");
+    }
+
+    #[test]
+    fn nftables_mode_defaults_node_ports_to_primary() {
+        let c = config(&["--proxy-mode=nftables"]).unwrap();
+        assert_eq!(c.mode, ProxyMode::Nftables);
+        assert_eq!(c.node_port_addresses, [NodePortAddress::Primary]);
+        let c = config(&[
+            "--proxy-mode=nftables",
+            "--nodeport-addresses=localhost,10.0.0.0/8",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.node_port_addresses,
+            [
+                NodePortAddress::Localhost,
+                NodePortAddress::Cidr("10.0.0.0/8".parse().unwrap())
+            ]
+        );
+    }
+
+    #[test]
+    fn the_reference_command_line_types_its_values() {
+        let c = config(&[
+            "--bind-address=10.12.51.171",
+            "--hostname-override=10.12.51.171",
+            "--cluster-cidr=10.254.0.0/16",
+            "--kubeconfig=/etc/kubernetes/kube-proxy.kubeconfig",
+            "--logtostderr=true",
+            "--v=2",
+            "--ipvs-scheduler=wrr",
+            "--ipvs-min-sync-period=5s",
+            "--ipvs-sync-period=5s",
+            "--proxy-mode=ipvs",
+        ])
+        .unwrap();
+        assert_eq!(c.mode, ProxyMode::Ipvs);
+        assert_eq!(c.bind_address, "10.12.51.171".parse::<IpAddr>().unwrap());
+        assert_eq!(c.node_name_override.as_deref(), Some("10.12.51.171"));
+        assert_eq!(
+            c.detect_local,
+            DetectLocal::ClusterCidr(vec!["10.254.0.0/16".parse().unwrap()])
+        );
+        assert_eq!(c.ipvs.scheduler, IpvsScheduler::WeightedRoundRobin);
+        assert_eq!(c.sync_period, Duration::from_secs(5));
+        assert_eq!(c.min_sync_period, Duration::from_secs(5));
+        assert_eq!(c.logging.verbosity, 2);
+        assert!(c.logging.logtostderr);
+        assert_eq!(
+            c.client.kubeconfig.as_deref(),
+            Some(std::path::Path::new(
+                "/etc/kubernetes/kube-proxy.kubeconfig"
+            ))
+        );
+        assert_eq!(c.node_port_addresses, [NodePortAddress::All]);
+    }
+
+    #[test]
+    fn deprecated_ports_disable_or_complete_the_addresses() {
+        let c = config(&["--healthz-port=0"]).unwrap();
+        assert_eq!(c.healthz_addr, None);
+        let c = config(&["--healthz-bind-address=10.0.0.1", "--healthz-port=8080"]).unwrap();
+        assert_eq!(c.healthz_addr, Some("10.0.0.1:8080".parse().unwrap()));
+    }
+
+    #[test]
+    fn other_settings_are_typed() {
+        let c = config(&[
+            "--detect-local-mode=InterfaceNamePrefix",
+            "--pod-interface-name-prefix=veth",
+            "--hostname-override= Node-A ",
+            "--master=https://10.0.0.1:6443",
+            "--conntrack-max-per-core=0",
+            "--conntrack-udp-timeout=30s",
+            "--feature-gates=KubeProxyNFTablesLocalhostNodePorts=true",
+            "--logging-format=json",
+            "--cleanup",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.detect_local,
+            DetectLocal::InterfaceNamePrefix("veth".into())
+        );
+        assert_eq!(c.node_name_override.as_deref(), Some("node-a"));
+        assert_eq!(c.client.master.as_deref(), Some("https://10.0.0.1:6443"));
+        assert_eq!(c.conntrack.max_per_core, 0);
+        assert_eq!(c.conntrack.udp_timeout, Duration::from_secs(30));
+        assert!(c
+            .feature_gates
+            .enabled("KubeProxyNFTablesLocalhostNodePorts"));
+        assert_eq!(c.logging.format, LoggingFormat::Json);
+        assert!(c.cleanup && !c.init_only);
+    }
+
+    #[test]
+    fn validation_failures_carry_upstreams_step() {
+        assert!(matches!(
+            config(&["--feature-gates=Nope=true"]),
+            Err(ValidationError::Complete(_))
+        ));
+        assert!(matches!(
+            config(&["--logging-format=xml"]),
+            Err(ValidationError::Logging(_))
+        ));
+        assert_eq!(
+            config(&["--proxy-mode=userspace"]).unwrap_err().to_string(),
+            "failed validate: KubeProxyConfiguration.Mode.ProxyMode: Invalid value: \"userspace\": must be iptables, ipvs, nftables or blank (blank means the best-available proxy [currently iptables])"
+        );
+        assert!(matches!(
+            config(&["--proxy-mode=ipvs", "--ipvs-scheduler=dh"]),
+            Err(ValidationError::Unsupported(_))
+        ));
+    }
+}

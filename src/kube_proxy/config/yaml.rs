@@ -109,17 +109,23 @@ fn resolves_to_non_string(s: &str) -> bool {
     number || radix || sexagesimal
 }
 
-/// Whether the string can be written plain (go-yaml's emitter rules, simplified to what a
-/// configuration holds).
+/// Whether the string can be written plain in block context (go-yaml's emitter rules,
+/// simplified to what a configuration holds): no leading or trailing space, no indicator
+/// that starts a node (`[`, `&`, ...; `-`, `?`, `:` only before a blank), no `: ` or ` #`.
 fn plain_allowed(s: &str) -> bool {
-    let first = s.chars().next().unwrap_or(' ');
-    !s.starts_with(char::is_whitespace)
-        && !s.ends_with(char::is_whitespace)
-        && !"-?:,[]{}#&*!|>'\"%@`".contains(first)
-        && !s.contains(": ")
-        && !s.contains(" #")
-        && !s.ends_with(':')
-        && !s.chars().any(|c| c.is_control())
+    let mut chars = s.chars();
+    let first = chars.next().unwrap_or(' ');
+    let second = chars.next();
+    let blank_after = second.is_none_or(char::is_whitespace);
+    let refused = s.starts_with(char::is_whitespace)
+        || s.ends_with(char::is_whitespace)
+        || "#,[]{}&*!|>'\"%@`".contains(first)
+        || ("-?:".contains(first) && blank_after)
+        || s.contains(": ")
+        || s.contains(" #")
+        || s.ends_with(':')
+        || s.chars().any(|c| c.is_control());
+    !refused
 }
 
 fn string(s: &str) -> String {
@@ -154,7 +160,7 @@ mod tests {
         });
         assert_eq!(
             to_yaml(&value),
-            "a:\n- primary\n- 10.0.0.0/8\nb:\n  a: \"0\"\n  z: \"\"\nc: ':0'\ne: []\nm: {}\n\"n\": null\nq: 5\ns: application/vnd.kubernetes.protobuf\nt: true\nv:\n- filePattern: x\n  verbosity: 2\n"
+            "a:\n- primary\n- 10.0.0.0/8\nb:\n  a: \"0\"\n  z: \"\"\nc: :0\ne: []\nm: {}\n\"n\": null\nq: 5\ns: application/vnd.kubernetes.protobuf\nt: true\nv:\n- filePattern: x\n  verbosity: 2\n"
         );
     }
 
@@ -163,7 +169,8 @@ mod tests {
         for s in ["true", "no", "1.5", "0x1F", "1:20", "null", "~"] {
             assert!(string(s).starts_with('"'), "{s}");
         }
-        for s in ["0.0.0.0:10256", "[::]:10256", "iptables", "15m0s"] {
+        assert_eq!(string("- x"), "'- x'");
+        for s in ["0.0.0.0:10256", "[::]:10256", "::1", "iptables", "15m0s"] {
             let want = if s.starts_with('[') {
                 format!("'{s}'")
             } else {
