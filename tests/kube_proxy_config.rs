@@ -472,6 +472,13 @@ fn check_config_version_help_and_underscores() {
         "removed flags are hidden"
     );
 
+    // An empty ip or ipport flag keeps the default, as upstream's.
+    let yaml = written(
+        &["--bind-address=", "--healthz-bind-address="],
+        &[],
+        "x.yaml",
+    );
+    assert_eq!(yaml, read_fixture("upstream-written-defaults.yaml"));
     // cobra reads `_` in a flag name as `-`.
     let result = run(&["--log_flush_frequency=0"], &[]);
     assert!(

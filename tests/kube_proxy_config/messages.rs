@@ -29,6 +29,9 @@ fn upstreams_validation_messages() {
         (&["--logging-format=foo"], "initialize logging: logging.format: Invalid value: \"foo\": Unsupported log format"),
         (&["--log-flush-frequency=0"], "initialize logging: logging.flushFrequency: Invalid value: \"0s\": Must be greater than zero"),
         (&["--log-text-split-stream"], "initialize logging: logging.options.text.splitStream: Forbidden: Feature LoggingAlphaOptions is disabled"),
+        (&["--cluster-cidr="], "failed validate: KubeProxyConfiguration.DetectLocalConfiguration.ClusterCIDRs[0]: Invalid value: \"\": must be a valid CIDR block (e.g. 10.100.0.0/16 or fde4:8dba:82e1::/48)"),
+        (&["--feature-gates=DisableNodeKubeProxyVersion=false"], "failed complete: cannot set feature gate DisableNodeKubeProxyVersion to false, feature is locked to true"),
+        (&["--logging-format=json", "--vmodule=a=1"], "initialize logging: logging.vmodule: Forbidden: Only supported for text log format"),
         (&["--hostname-override= "], "failed complete: empty hostname-override is invalid"),
         (&["--proxy-mode=ipvs", "--ipvs-scheduler=lc"], "--ipvs-scheduler (ipvs.scheduler) \"lc\" is not supported: use rr, wrr, sh or mh (empty means rr)"),
     ];

@@ -1,7 +1,8 @@
 //! The feature gates upstream kube-proxy v1.37.2 knows (`--feature-gates`, `featureGates`):
 //! every gate's default, stage and lock at v1.37, and upstream's rules for setting them.
-//! The tables are data dumped from upstream's binary (`feature_gates.tsv`: name, default,
-//! stage, locked; `feature_gates_help.txt`: the `--feature-gates` help lines, verbatim).
+//! The tables are data dumped from upstream's gate registry (`feature_gates.tsv`: name,
+//! default, stage, locked, dependencies; `feature_gates_help.txt`: the `--feature-gates` help
+//! lines, verbatim).
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -15,11 +16,13 @@ pub enum Stage {
     Deprecated,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Spec {
     default: bool,
     stage: Stage,
     locked: bool,
+    /// Gates that must be on while this one is.
+    depends_on: Vec<&'static str>,
 }
 
 fn known() -> &'static BTreeMap<&'static str, Spec> {
@@ -39,12 +42,19 @@ fn known() -> &'static BTreeMap<&'static str, Spec> {
                     _ => Stage::Ga,
                 };
                 let locked = cols.next()? == "true";
+                let depends_on = cols
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter(|d| !d.is_empty())
+                    .collect();
                 Some((
                     name,
                     Spec {
                         default,
                         stage,
                         locked,
+                        depends_on,
                     },
                 ))
             })
@@ -95,8 +105,29 @@ impl FeatureGates {
                 _ => {}
             }
         }
+        let gates = FeatureGates { set: map.clone() };
+        if errors.is_empty() {
+            // Only once every value was accepted, as upstream: the dependencies.
+            for (name, spec) in known {
+                if spec.depends_on.is_empty() || !gates.enabled(name) {
+                    continue;
+                }
+                let off: Vec<&str> = spec
+                    .depends_on
+                    .iter()
+                    .copied()
+                    .filter(|dep| !gates.enabled(dep))
+                    .collect();
+                if !off.is_empty() {
+                    errors.push(format!(
+                        "{name} is enabled, but depends on features that are disabled: [{}]",
+                        off.join(" ")
+                    ));
+                }
+            }
+        }
         match errors.len() {
-            0 => Ok((FeatureGates { set: map.clone() }, warnings)),
+            0 => Ok((gates, warnings)),
             1 => Err(errors.remove(0)),
             _ => Err(format!("[{}]", errors.join(", "))),
         }
@@ -110,12 +141,13 @@ impl FeatureGates {
         let Some(spec) = known().get(name) else {
             return false;
         };
-        let all =
-            |gate: &str, stage: Stage| spec.stage == stage && self.set.get(gate) == Some(&true);
-        if !spec.locked && (all("AllAlpha", Stage::Alpha) || all("AllBeta", Stage::Beta)) {
-            return true;
-        }
-        spec.default
+        // AllAlpha / AllBeta give every alpha / beta gate not named their value.
+        let all = match spec.stage {
+            Stage::Alpha => self.set.get("AllAlpha"),
+            Stage::Beta => self.set.get("AllBeta"),
+            _ => None,
+        };
+        all.copied().unwrap_or(spec.default)
     }
 
     /// The values given (for `featureGates` in the written configuration).
@@ -156,9 +188,37 @@ mod tests {
         let (g, warnings) = gates(&[("KubeProxyIPVS", false)]).unwrap();
         assert!(!g.enabled("KubeProxyIPVS"));
         assert_eq!(warnings.len(), 1, "a deprecated gate set is warned about");
-        let (g, _) = gates(&[("AllAlpha", true), ("LoggingAlphaOptions", false)]).unwrap();
+        let (g, _) = gates(&[
+            ("AllAlpha", true),
+            ("AllBeta", true),
+            ("LoggingAlphaOptions", false),
+        ])
+        .unwrap();
         assert!(g.enabled("KubeProxyNFTablesLocalhostNodePorts"));
         assert!(!g.enabled("LoggingAlphaOptions"));
+        assert_eq!(
+            gates(&[("DisableNodeKubeProxyVersion", false)]).unwrap_err(),
+            "cannot set feature gate DisableNodeKubeProxyVersion to false, feature is locked to true"
+        );
+    }
+
+    #[test]
+    fn dependencies_are_checked_once_values_are_accepted() {
+        assert_eq!(
+            gates(&[("PodGroupPreemptionPolicy", true)]).unwrap_err(),
+            "PodGroupPreemptionPolicy is enabled, but depends on features that are disabled: [GenericWorkload]"
+        );
+        assert!(gates(&[
+            ("PodGroupPreemptionPolicy", true),
+            ("GenericWorkload", true)
+        ])
+        .is_ok());
+        let err = gates(&[("AllAlpha", true)]).unwrap_err();
+        assert!(
+            err.starts_with('[')
+                && err.contains("depends on features that are disabled: [GenericWorkload]"),
+            "{err}"
+        );
     }
 
     #[test]

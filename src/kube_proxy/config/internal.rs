@@ -87,8 +87,11 @@ impl Internal {
     /// (the caller prefixes `failed complete: `).
     pub fn complete(options: &KubeProxyOptions) -> Result<(Internal, Vec<String>), String> {
         let mut warnings = Vec::new();
-        let mut healthz = options.healthz_bind_address.clone();
-        let mut metrics = options.metrics_bind_address.clone();
+        // An empty ip or ipport flag leaves upstream's setting as it was: the default.
+        let or_default =
+            |value: &str, default: &str| if value.is_empty() { default } else { value }.to_string();
+        let mut healthz = or_default(&options.healthz_bind_address, "0.0.0.0:10256");
+        let mut metrics = or_default(&options.metrics_bind_address, "127.0.0.1:10249");
         // The deprecated ports apply when upstream would apply them: neither a
         // KubeProxyConfiguration file nor --write-config-to.
         if !options.kube_config_file && options.write_config_to.is_empty() {
@@ -104,7 +107,10 @@ impl Internal {
                 options.iptables_min_sync_period,
             )
         };
-        let cluster_cidrs = if options.cluster_cidr.is_empty() {
+        // The flag given, even empty, is split as upstream splits it (`--cluster-cidr=` is
+        // one empty CIDR, which validation refuses).
+        let given = options.given_flags.iter().any(|f| f == "cluster-cidr");
+        let cluster_cidrs = if options.cluster_cidr.is_empty() && !given {
             Vec::new()
         } else {
             options.cluster_cidr.split(',').map(String::from).collect()
@@ -165,7 +171,7 @@ impl Internal {
             json_split_stream: options.log_json_split_stream,
             json_info_buffer_size: options.log_json_info_buffer_size.clone(),
             hostname_override,
-            bind_address: options.bind_address.clone(),
+            bind_address: or_default(&options.bind_address, "0.0.0.0"),
             healthz_bind_address: healthz,
             metrics_bind_address: metrics,
             bind_address_hard_fail: options.bind_address_hard_fail,
