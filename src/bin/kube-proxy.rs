@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use kube_traffic::cli::{self, fail};
 use kube_traffic::config::layers;
 use kube_traffic::kube_proxy::config::load::{self, WriteFormat};
+use kube_traffic::kube_proxy::config::print_flags;
 use kube_traffic::kube_proxy::config::ProxyConfig;
 
 // jemalloc (see src/allocator.rs), installed by the binary as the other programs do.
@@ -46,6 +47,9 @@ fn start() -> ExitCode {
     );
     for warning in &options.load_warnings {
         tracing::warn!("{warning}");
+    }
+    for line in print_flags::flag_lines(&options) {
+        tracing::info!(v = 1, "FLAG: {line}");
     }
     let mut warnings = Vec::new();
     let validated = ProxyConfig::with_warnings(&options, &mut warnings);

@@ -7,6 +7,7 @@ pub mod feature_gates;
 pub mod file;
 mod internal;
 pub mod load;
+pub mod print_flags;
 mod typed;
 pub mod v1alpha1;
 mod validate;
