@@ -57,10 +57,16 @@ pub fn read(path: &Path, text: &str) -> Result<FileLayer, ConfigError> {
 /// Decodes the file as upstream: strict, else lenient with a warning. Errors read as
 /// upstream's first words (`failed to decode: ...`) with the field and line added.
 pub fn decode(text: &str) -> Result<(KubeProxyConfiguration, Vec<String>), String> {
-    let options = serde_saphyr::options! { with_snippet: false };
+    // Upstream's lenient decoding keeps the last of repeated keys; its strict one refuses
+    // them, which the warning below names.
+    let options = serde_saphyr::options! {
+        with_snippet: false,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
+    };
     let keys: Located = serde_saphyr::from_str_with_options(text, options.clone())
         .map_err(|e| format!("failed to decode: {}", one_line(&e)))?;
     let lines = keys.key_lines();
+    let repeated = keys.repeated_keys();
     let mut ignored = Vec::new();
     let config: KubeProxyConfiguration =
         serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
@@ -96,15 +102,20 @@ pub fn decode(text: &str) -> Result<(KubeProxyConfiguration, Vec<String>), Strin
         ));
     }
     let mut warnings = Vec::new();
-    if !ignored.is_empty() {
+    if !ignored.is_empty() || !repeated.is_empty() {
         ignored.sort();
-        let fields: Vec<String> = ignored
+        let mut fields: Vec<String> = ignored
             .iter()
             .map(|path| match lines.get(path) {
                 Some(line) => format!("unknown field {path:?} (line {line})"),
                 None => format!("unknown field {path:?}"),
             })
             .collect();
+        fields.extend(
+            repeated
+                .iter()
+                .map(|(path, line)| format!("key {path:?} already set in map (line {line})")),
+        );
         warnings.push(format!(
             "using lenient decoding as strict decoding failed: strict decoding error: {}",
             fields.join(", ")
@@ -146,6 +157,39 @@ impl Located {
         let mut lines = BTreeMap::new();
         self.collect("", &mut lines);
         lines
+    }
+
+    /// Keys given twice in one mapping, by path, with the line of the repeat.
+    fn repeated_keys(&self) -> Vec<(String, u64)> {
+        let mut repeated = Vec::new();
+        self.find_repeats("", &mut repeated);
+        repeated
+    }
+
+    fn find_repeats(&self, prefix: &str, out: &mut Vec<(String, u64)>) {
+        let join = |name: &str| {
+            if prefix.is_empty() {
+                name.to_string()
+            } else {
+                format!("{prefix}.{name}")
+            }
+        };
+        match self {
+            Located::Map(entries) => {
+                for (i, (key, value)) in entries.iter().enumerate() {
+                    if entries[..i].iter().any(|(k, _)| k.value == key.value) {
+                        out.push((join(&key.value), key.referenced.line()));
+                    }
+                    value.find_repeats(&join(&key.value), out);
+                }
+            }
+            Located::Seq(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    item.find_repeats(&join(&i.to_string()), out);
+                }
+            }
+            Located::Scalar => {}
+        }
     }
 
     fn collect(&self, prefix: &str, lines: &mut BTreeMap<String, u64>) {
@@ -271,6 +315,18 @@ mod tests {
             warnings[0]
         );
         assert!(warnings[0].contains("unknown field \"bogus\" (line 6)"));
+    }
+
+    #[test]
+    fn a_repeated_key_keeps_the_last_value_with_a_warning() {
+        let text = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nmode: ipvs\n";
+        let (config, warnings) = decode(text).unwrap();
+        assert_eq!(config.mode.as_deref(), Some("ipvs"));
+        assert!(
+            warnings[0]
+                .ends_with("strict decoding error: key \"mode\" already set in map (line 4)"),
+            "{warnings:?}"
+        );
     }
 
     #[test]
