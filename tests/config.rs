@@ -457,13 +457,10 @@ fn written_config_loads_back_to_the_same_settings() {
 fn reference_file_holds_exactly_the_defaults() {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/server.toml"))
         .unwrap();
-    let parsed: kube_traffic::config::Options =
-        toml::from_str(&text).expect("reference parses");
+    let parsed: kube_traffic::config::Options = toml::from_str(&text).expect("reference parses");
     assert_eq!(parsed, kube_traffic::config::Options::default());
     // And it names every setting there is (server_id and the deprecated flag are commented).
-    let defaults = kube_traffic::config::layers::to_toml(
-        &kube_traffic::config::Options::default(),
-    );
+    let defaults = kube_traffic::config::layers::to_toml(&kube_traffic::config::Options::default());
     for line in defaults.lines() {
         let key = line.split(" = ").next().unwrap();
         assert!(

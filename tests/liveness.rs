@@ -226,11 +226,7 @@ async fn with_no_other_agent_a_dial_waits_on_a_suspect_one_until_it_is_retired()
     let answer = tunnel.recv().await;
     assert_eq!(
         answer,
-        dial_rsp(
-            11,
-            0,
-            kube_traffic::wire::AGENT_DISCONNECTED_DURING_DIAL
-        )
+        dial_rsp(11, 0, kube_traffic::wire::AGENT_DISCONNECTED_DURING_DIAL)
     );
     assert_eq!(h.metrics().dial.dial_retries("no_other_agent"), 1);
     assert_eq!(h.metrics().backend.unanswered_agent_retirements.get(), 1);

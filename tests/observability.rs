@@ -206,8 +206,7 @@ async fn http_connect_tunnel_logs_and_counts_only_agent_segments() {
         .write_all(b"CONNECT 10.4.4.4:443 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
-    let Some(kube_traffic::proto::packet::Payload::DialRequest(req)) =
-        agent.recv().await.payload
+    let Some(kube_traffic::proto::packet::Payload::DialRequest(req)) = agent.recv().await.payload
     else {
         panic!("a DIAL_REQ")
     };

@@ -4,25 +4,17 @@
 pub mod profiling;
 pub mod tunnels;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
-use crate::accept::Acceptor;
+pub use crate::http_port::{accepts_gzip, exposition, redirect, serve_http1, text, PeerAddr};
 use crate::state::Shared;
-
-/// Connections open at once on a health or admin port. Probes and scrapers need a few; past
-/// this the port stops accepting and new connections wait in the kernel's backlog, so held
-/// connections cannot take every descriptor.
-pub const MAX_HTTP_CONNECTIONS: usize = 256;
 
 pub const NOT_READY_BODY: &str = "no connection to any proxy agent";
 pub const SHUTTING_DOWN_BODY: &str = "shutting down";
@@ -33,63 +25,9 @@ pub enum Port {
     Admin,
 }
 
-pub fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header("content-type", "text/plain; charset=utf-8")
-        .body(Full::new(body.into()))
-        .expect("static response parts are valid")
-}
-
-/// Whether an `Accept-Encoding` value accepts gzip (as promhttp reads it: any `gzip` token
-/// whose quality is not 0).
-pub fn accepts_gzip(accept_encoding: &str) -> bool {
-    accept_encoding.split(',').any(|coding| {
-        let mut parts = coding.split(';').map(str::trim);
-        let name = parts.next().unwrap_or_default();
-        let zero_q = parts.any(|p| {
-            p.strip_prefix("q=")
-                .and_then(|q| q.parse::<f32>().ok())
-                .is_some_and(|q| q == 0.0)
-        });
-        name.eq_ignore_ascii_case("gzip") && !zero_q
-    })
-}
-
 /// `/metrics`, gzipped when the scraper accepts it (Prometheus always does), as promhttp.
 fn metrics_response(shared: &Shared, gzip: bool) -> Response<Full<Bytes>> {
     exposition(shared.metrics.render(), gzip)
-}
-
-/// A text exposition as promhttp serves it: gzipped when the scraper accepts it.
-pub fn exposition(text: String, gzip: bool) -> Response<Full<Bytes>> {
-    let builder = Response::builder()
-        .status(StatusCode::OK)
-        .header("content-type", "text/plain; version=0.0.4; charset=utf-8");
-    let (builder, body) = if gzip {
-        use std::io::Write;
-        let mut encoder = flate2::write::GzEncoder::new(
-            Vec::with_capacity(text.len() / 4),
-            flate2::Compression::fast(),
-        );
-        let compressed = encoder
-            .write_all(text.as_bytes())
-            .and_then(|()| encoder.finish());
-        match compressed {
-            Ok(bytes) => (
-                builder
-                    .header("content-encoding", "gzip")
-                    .header("vary", "Accept-Encoding"),
-                Bytes::from(bytes),
-            ),
-            Err(_) => (builder, Bytes::from(text)),
-        }
-    } else {
-        (builder, Bytes::from(text))
-    };
-    builder
-        .body(Full::new(body))
-        .expect("static response parts are valid")
 }
 
 fn readiness(shared: &Shared) -> Response<Full<Bytes>> {
@@ -141,14 +79,6 @@ fn agents_response(shared: &Shared) -> Response<Full<Bytes>> {
         .expect("static response parts are valid")
 }
 
-pub fn redirect(to: &str) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(StatusCode::MOVED_PERMANENTLY)
-        .header("location", to)
-        .body(Full::new(Bytes::new()))
-        .expect("static response parts are valid")
-}
-
 const PPROF_INDEX: &str = "konnectivity-server profiles\n\
     /debug/pprof/profile?seconds=N  CPU profile (pprof protobuf; `go tool pprof URL`)\n\
     /debug/pprof/heap               allocator heap summary (text)\n";
@@ -190,10 +120,6 @@ pub struct Call<'a> {
     /// Who sent it, for the log line of a tunnel closed on request.
     pub peer: Option<std::net::SocketAddr>,
 }
-
-/// The peer of an HTTP connection, put in each request's extensions by [`serve_http1`].
-#[derive(Clone, Copy, Debug)]
-pub struct PeerAddr(pub std::net::SocketAddr);
 
 /// Routes one request. Every method is accepted, as Go's ServeMux does, except by the one
 /// route that changes something (`POST /tunnels/ID/close`).
@@ -258,60 +184,4 @@ pub fn spawn_http(tasks: &TaskTracker, listener: TcpListener, port: Port, shared
             }
         },
     );
-}
-
-/// An HTTP/1.1 port of either program (health, admin): every request to `handler`, until
-/// `stop`, through the common accept loop (`accept`), with at most [`MAX_HTTP_CONNECTIONS`]
-/// connections open. `what` names the port in logs ("the health port").
-pub fn serve_http1<H, F>(
-    tasks: &TaskTracker,
-    listener: TcpListener,
-    stop: tokio_util::sync::CancellationToken,
-    what: &'static str,
-    handler: H,
-) where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
-{
-    let connections = TaskTracker::new();
-    tasks.spawn(async move {
-        let mut acceptor = Acceptor::new(listener, what, Some(MAX_HTTP_CONNECTIONS));
-        while let Some(accepted) = acceptor.next(&stop).await {
-            let (stream, slot, peer) = (accepted.io, accepted.slot, PeerAddr(accepted.peer));
-            let (handler, stop) = (handler.clone(), stop.clone());
-            connections.spawn(async move {
-                let service = service_fn(move |mut req: Request<Incoming>| {
-                    req.extensions_mut().insert(peer);
-                    let response = handler(req);
-                    async move { Ok::<_, Infallible>(response.await) }
-                });
-                let conn = hyper::server::conn::http1::Builder::new()
-                    .header_read_timeout(std::time::Duration::from_secs(60))
-                    .timer(hyper_util::rt::TokioTimer::new())
-                    .serve_connection(TokioIo::new(stream), service);
-                tokio::pin!(conn);
-                tokio::select! {
-                    _ = conn.as_mut() => {}
-                    _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
-                }
-                drop(slot);
-            });
-        }
-        connections.close();
-        connections.wait().await;
-    });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::accepts_gzip;
-
-    #[test]
-    fn gzip_is_used_when_accepted() {
-        assert!(accepts_gzip("gzip"));
-        assert!(accepts_gzip("deflate, GZIP;q=0.5"));
-        assert!(!accepts_gzip("identity"));
-        assert!(!accepts_gzip("gzip;q=0"));
-        assert!(!accepts_gzip(""));
-    }
 }

@@ -1,5 +1,7 @@
-//! kube-proxy: parses, loads and validates the configuration. The proxy itself is not wired
-//! in yet: a valid configuration prints "configuration valid" and exits 0.
+//! kube-proxy: the node's Service proxy (a drop-in for upstream's, in its nftables mode).
+//! Parses, loads and validates the configuration; the proxy itself is not wired in yet: a
+//! valid configuration prints "configuration valid" and exits 0. `kube-proxy trace` runs
+//! `trace_cli` instead.
 
 use std::process::ExitCode;
 
@@ -8,6 +10,7 @@ use kube_traffic::config::layers;
 use kube_traffic::kube_proxy::config::load::{self, WriteFormat};
 use kube_traffic::kube_proxy::config::print_flags;
 use kube_traffic::kube_proxy::config::ProxyConfig;
+use kube_traffic::kube_proxy::trace_cli;
 
 // jemalloc (see src/allocator.rs), installed by the binary as the other programs do.
 #[cfg(feature = "jemalloc")]
@@ -20,7 +23,11 @@ fn main() -> ExitCode {
 }
 
 fn start() -> ExitCode {
-    let cli = match load::parse() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == trace_cli::NAME) {
+        return trace_cli::main(args);
+    }
+    let cli = match load::parse_args(args) {
         Ok(cli) => cli,
         Err(code) => return code,
     };

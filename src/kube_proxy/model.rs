@@ -412,7 +412,11 @@ mod tests {
             terminating: false,
             hints: None,
         };
-        let mut eps = vec![ep("10.0.0.2", 80), ep("10.0.0.10", 80), ep("10.0.0.1", 8080)];
+        let mut eps = vec![
+            ep("10.0.0.2", 80),
+            ep("10.0.0.10", 80),
+            ep("10.0.0.1", 8080),
+        ];
         sort_endpoints(&mut eps);
         let order: Vec<String> = eps.iter().map(Endpoint::address).collect();
         assert_eq!(order, ["10.0.0.10:80", "10.0.0.1:8080", "10.0.0.2:80"]);

@@ -134,10 +134,17 @@ impl fmt::Display for Outcome {
                 (Fate::Accepted, None) => writeln!(
                     f,
                     "-> accepted, not translated: no Service rule matched{}",
-                    if branch.masquerade { " (masqueraded)" } else { "" }
+                    if branch.masquerade {
+                        " (masqueraded)"
+                    } else {
+                        ""
+                    }
                 )?,
                 (Fate::Dropped, _) => writeln!(f, "-> DROP")?,
-                (Fate::Rejected, _) => writeln!(f, "-> REJECT (the client sees connection refused or port unreachable)")?,
+                (Fate::Rejected, _) => writeln!(
+                    f,
+                    "-> REJECT (the client sees connection refused or port unreachable)"
+                )?,
             }
         }
         for unknown in &self.unknown {
@@ -238,35 +245,27 @@ fn ended(fate: Fate) -> Branch {
 
 impl Tracer<'_> {
     fn after_nat(&mut self, from_host: bool, way: Option<(IpAddr, u16)>, mut s: State) -> Branch {
-        let filters: &[&str] = if from_host {
-            &[FILTER_OUTPUT]
-        } else if self.node.is_local(&s.dst) {
-            &[FILTER_INPUT]
-        } else {
-            &[FILTER_FORWARD]
+        let local = self.node.is_local(&s.dst);
+        // The node's own packets leave through output and postrouting; one for a local
+        // address comes back in through loopback, to input. Others are routed: to input
+        // when for this node, else forwarded and through postrouting.
+        let steps: &[&str] = match (from_host, local) {
+            (true, true) => &[FILTER_OUTPUT, NAT_POSTROUTING, FILTER_INPUT],
+            (true, false) => &[FILTER_OUTPUT, NAT_POSTROUTING],
+            (false, true) => &[FILTER_INPUT],
+            (false, false) => &[FILTER_FORWARD, NAT_POSTROUTING],
         };
-        for chain in filters {
-            match self.base(chain, &mut s) {
-                Flow::Drop => {
-                    return Branch {
-                        endpoint: way,
-                        masquerade: false,
-                        fate: Fate::Dropped,
-                    }
-                }
-                Flow::Reject => {
-                    return Branch {
-                        endpoint: way,
-                        masquerade: false,
-                        fate: Fate::Rejected,
-                    }
-                }
-                Flow::Continue | Flow::Accept => {}
-            }
-        }
-        let delivered_locally = !from_host && self.node.is_local(&s.dst);
-        if !delivered_locally {
-            let _ = self.base(NAT_POSTROUTING, &mut s);
+        for chain in steps {
+            let fate = match self.base(chain, &mut s) {
+                Flow::Drop => Fate::Dropped,
+                Flow::Reject => Fate::Rejected,
+                Flow::Continue | Flow::Accept => continue,
+            };
+            return Branch {
+                endpoint: way,
+                masquerade: false,
+                fate,
+            };
         }
         Branch {
             endpoint: way,
@@ -285,11 +284,13 @@ impl Tracer<'_> {
 
     fn run(&mut self, chain: &str, s: &mut State, depth: usize) -> Flow {
         let Some(rules) = self.table.chains.get(chain).map(|c| &c.rules) else {
-            self.unknown.push(format!("a jump to the missing chain {chain}"));
+            self.unknown
+                .push(format!("a jump to the missing chain {chain}"));
             return Flow::Continue;
         };
         if depth > 32 {
-            self.unknown.push(format!("chains nested too deep at {chain}"));
+            self.unknown
+                .push(format!("chains nested too deep at {chain}"));
             return Flow::Continue;
         }
         for rule in rules {

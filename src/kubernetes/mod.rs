@@ -3,16 +3,10 @@
 pub mod auth;
 pub mod leases;
 
-use std::num::NonZeroU32;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::DefaultDirectRateLimiter;
 use tokio::sync::OnceCell;
-
-/// client-go's defaults, which upstream gets when the flags are 0.
-const DEFAULT_QPS: f32 = 5.0;
-const DEFAULT_BURST: u32 = 10;
 
 /// A lazily built client with client-go's rate limiting (QPS and burst).
 pub struct Kube {
@@ -24,19 +18,10 @@ pub struct Kube {
 impl Kube {
     /// `qps` and `burst` of 0 mean client-go's defaults (5 and 10), as upstream.
     pub fn new(kubeconfig: Option<PathBuf>, qps: f32, burst: i64) -> Kube {
-        let qps = if qps > 0.0 { qps } else { DEFAULT_QPS };
-        let burst = u32::try_from(burst)
-            .ok()
-            .filter(|b| *b > 0)
-            .unwrap_or(DEFAULT_BURST);
-        let period = Duration::from_secs_f64(1.0 / f64::from(qps));
-        let quota = Quota::with_period(period)
-            .expect("a positive QPS gives a positive period")
-            .allow_burst(NonZeroU32::new(burst).expect("burst is positive"));
         Kube {
             kubeconfig,
             client: OnceCell::new(),
-            limiter: RateLimiter::direct(quota),
+            limiter: crate::kube_client::limiter(qps, burst),
         }
     }
 

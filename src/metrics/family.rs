@@ -13,20 +13,32 @@ const NAMESPACE: &str = "konnectivity_network_proxy";
 /// Makes families under one subsystem (`server`, `agent`) and registers each as it is made.
 pub(crate) struct Families<'r> {
     registry: &'r Registry,
+    namespace: &'static str,
     subsystem: &'static str,
 }
 
 impl<'r> Families<'r> {
+    /// Konnectivity's families: `konnectivity_network_proxy_<subsystem>_<name>`.
     pub(crate) fn new(registry: &'r Registry, subsystem: &'static str) -> Families<'r> {
+        Families::with_namespace(registry, NAMESPACE, subsystem)
+    }
+
+    /// Families under another namespace (empty: none, as kube-proxy's `kubeproxy_<name>`).
+    pub(crate) fn with_namespace(
+        registry: &'r Registry,
+        namespace: &'static str,
+        subsystem: &'static str,
+    ) -> Families<'r> {
         Families {
             registry,
+            namespace,
             subsystem,
         }
     }
 
     fn opts(&self, name: &str, help: &str) -> Opts {
         Opts::new(name, help)
-            .namespace(NAMESPACE)
+            .namespace(self.namespace)
             .subsystem(self.subsystem)
     }
 
@@ -99,6 +111,16 @@ impl<'r> Families<'r> {
             self.histogram_opts(name, help, buckets),
             labels,
         ))
+    }
+
+    /// A float gauge with labels (timestamps in seconds).
+    pub(crate) fn float_gauge_vec(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> prometheus::GaugeVec {
+        self.register(prometheus::GaugeVec::new(self.opts(name, help), labels))
     }
 
     /// A collector that is not a family of ours (the `process_*` ones).

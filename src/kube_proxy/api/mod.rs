@@ -1,3 +1,6 @@
 //! What the API says: Services and EndpointSlices read into the values the proxy keeps.
 
+pub mod node;
 pub mod objects;
+pub mod store;
+pub mod watch;

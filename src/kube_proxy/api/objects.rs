@@ -158,7 +158,9 @@ pub fn read_service(svc: &Service) -> Result<ReadService, Refused> {
         }
         let proto_text = port.protocol.as_deref().unwrap_or("TCP");
         let Some(protocol) = Protocol::parse(proto_text) else {
-            problems.push(format!("port {port_name:?}: protocol {proto_text:?} is not TCP, UDP or SCTP"));
+            problems.push(format!(
+                "port {port_name:?}: protocol {proto_text:?} is not TCP, UDP or SCTP"
+            ));
             continue;
         };
         let Ok(number) = u16::try_from(port.port) else {
@@ -178,7 +180,9 @@ pub fn read_service(svc: &Service) -> Result<ReadService, Refused> {
             }
         };
         if !seen.insert((port_name.clone(), protocol)) {
-            problems.push(format!("port {port_name:?}/{protocol} appears twice; the first is used"));
+            problems.push(format!(
+                "port {port_name:?}/{protocol} appears twice; the first is used"
+            ));
             continue;
         }
         ports.push(PortSpec {
@@ -198,7 +202,11 @@ pub fn read_service(svc: &Service) -> Result<ReadService, Refused> {
         }
     }
     let mut source_ranges = Vec::new();
-    for text in spec.load_balancer_source_ranges.as_deref().unwrap_or_default() {
+    for text in spec
+        .load_balancer_source_ranges
+        .as_deref()
+        .unwrap_or_default()
+    {
         let text = text.trim();
         match parse_cidr_sloppy(text) {
             Some(net) => source_ranges.push(net),
@@ -222,7 +230,9 @@ pub fn read_service(svc: &Service) -> Result<ReadService, Refused> {
         }
         match parse_ip_sloppy(text) {
             Some(ip) => lb_vips.push(ip),
-            None => problems.push(format!("load-balancer ingress IP {text:?} is not an IP address")),
+            None => problems.push(format!(
+                "load-balancer ingress IP {text:?} is not an IP address"
+            )),
         }
     }
 
@@ -283,7 +293,12 @@ impl ServiceObj {
             return Vec::new();
         };
         let of_family = |ip: &&IpAddr| IpFamily::of(ip) == family;
-        let external_ips: Vec<IpAddr> = self.external_ips.iter().filter(of_family).copied().collect();
+        let external_ips: Vec<IpAddr> = self
+            .external_ips
+            .iter()
+            .filter(of_family)
+            .copied()
+            .collect();
         let lb_vips: Vec<IpAddr> = self.lb_vips.iter().filter(of_family).copied().collect();
         let mut source_ranges: Vec<IpNet> = self
             .source_ranges
@@ -416,7 +431,9 @@ pub fn read_slice(slice: &EndpointSlice, node_name: &str) -> Result<ReadSlice, R
         };
         let proto_text = port.protocol.as_deref().unwrap_or("TCP");
         let Some(protocol) = Protocol::parse(proto_text) else {
-            problems.push(format!("port {port_name:?}: protocol {proto_text:?} is not TCP, UDP or SCTP"));
+            problems.push(format!(
+                "port {port_name:?}: protocol {proto_text:?} is not TCP, UDP or SCTP"
+            ));
             continue;
         };
         ports.push(SlicePort {
@@ -433,7 +450,10 @@ pub fn read_slice(slice: &EndpointSlice, node_name: &str) -> Result<ReadSlice, R
         let ip = match parse_ip_sloppy(address) {
             Some(ip) if IpFamily::of(&ip) == family => ip,
             Some(_) => {
-                problems.push(format!("address {address:?} is not of the slice's type {}", family));
+                problems.push(format!(
+                    "address {address:?} is not of the slice's type {}",
+                    family
+                ));
                 continue;
             }
             None => {
@@ -483,4 +503,5 @@ pub fn read_slice(slice: &EndpointSlice, node_name: &str) -> Result<ReadSlice, R
     })
 }
 
-// TESTS-PENDING
+#[cfg(test)]
+mod tests;

@@ -3,6 +3,8 @@
 //! (`names`), and the table as data with the kernel's rules for applying a transaction
 //! (`table`).
 
+pub mod exec;
+pub mod json;
 pub mod names;
 pub mod objects;
 pub mod rule;

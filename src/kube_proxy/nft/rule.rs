@@ -63,7 +63,10 @@ pub enum Stmt {
     /// `fib saddr|daddr type local`
     FibLocal(AddrField),
     /// `iifname [!=] <name>`; a name ending in `*` is a prefix.
-    Iifname { negate: bool, name: String },
+    Iifname {
+        negate: bool,
+        name: String,
+    },
     /// `mark and <mask> != 0`
     MarkAnyOf(u32),
     /// `meta l4proto <protocol>`
@@ -81,11 +84,17 @@ pub enum Stmt {
     /// `counter name "<name>"`
     NamedCounter(String),
     /// `<key> vmap @<map>`
-    Vmap { key: VmapKey, map: String },
+    Vmap {
+        key: VmapKey,
+        map: String,
+    },
     /// `numgen random mod N vmap { 0 : goto <chain> , ... }`
     NumgenVmap(Vec<String>),
     /// `dnat to <ip>:<port>`
-    Dnat { addr: IpAddr, port: u16 },
+    Dnat {
+        addr: IpAddr,
+        port: u16,
+    },
     /// `dnat ip addr . port to numgen random mod N map { 0 : <ip> . <port> , ... }`
     NumgenDnat(Vec<(IpAddr, u16)>),
     Jump(String),
@@ -309,11 +318,7 @@ mod tests {
         assert_eq!(mark_text(m), "0x00004000");
         assert_eq!(
             text(
-                vec![
-                    Stmt::MarkAnyOf(m),
-                    Stmt::MarkSetXor(m),
-                    Stmt::Masquerade
-                ],
+                vec![Stmt::MarkAnyOf(m), Stmt::MarkSetXor(m), Stmt::Masquerade],
                 IpFamily::V4
             ),
             "mark and 0x00004000 != 0 mark set mark xor 0x00004000 masquerade fully-random"
@@ -375,7 +380,10 @@ mod tests {
         );
         assert_eq!(
             text(
-                vec![Stmt::NumgenVmap(vec!["endpoint-a".into(), "endpoint-b".into()])],
+                vec![Stmt::NumgenVmap(vec![
+                    "endpoint-a".into(),
+                    "endpoint-b".into()
+                ])],
                 IpFamily::V4
             ),
             "numgen random mod 2 vmap { 0 : goto endpoint-a , 1 : goto endpoint-b }"

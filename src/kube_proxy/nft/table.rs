@@ -83,9 +83,9 @@ impl Table {
             })
         });
         in_rules
-            || self.sets.values().flat_map(|s| s.elements.values()).any(|e| {
-                matches!(&e.value, Some(Verdict::Goto(c) | Verdict::Jump(c)) if c == chain)
-            })
+            || self.sets.values().flat_map(|s| s.elements.values()).any(
+                |e| matches!(&e.value, Some(Verdict::Goto(c) | Verdict::Jump(c)) if c == chain),
+            )
     }
 
     fn set_referenced(&self, set: &str) -> bool {
@@ -195,7 +195,7 @@ pub fn apply(state: &mut Option<Table>, tx: &Transaction) -> Result<(), ApplyErr
     Ok(())
 }
 
-fn table_mut<'a>(state: &'a mut Option<Table>) -> Result<&'a mut Table, ApplyError> {
+fn table_mut(state: &mut Option<Table>) -> Result<&mut Table, ApplyError> {
     state
         .as_mut()
         .ok_or_else(|| ApplyError::NotFound("table kube-proxy".into()))
@@ -224,11 +224,14 @@ fn apply_op(
                 return Err(ApplyError::NotFound("table kube-proxy".into()));
             }
         }
-        (Verb::Add, Object::Chain {
-            name,
-            base,
-            comment,
-        }) => {
+        (
+            Verb::Add,
+            Object::Chain {
+                name,
+                base,
+                comment,
+            },
+        ) => {
             let table = table_mut(state)?;
             let chain = table.chains.entry(name.clone()).or_insert_with(|| Chain {
                 base: *base,
@@ -267,6 +270,12 @@ fn apply_op(
             match table.sets.get(name) {
                 Some(existing) if existing.spec.kind != spec.kind => {
                     return Err(ApplyError::Exists(format!("set {name}")));
+                }
+                // The kernel takes a new timeout for an existing set.
+                Some(_) if spec.timeout_secs.is_some() => {
+                    if let Some(existing) = table.sets.get_mut(name) {
+                        existing.spec.timeout_secs = spec.timeout_secs;
+                    }
                 }
                 Some(_) => {}
                 None => {
@@ -309,12 +318,15 @@ fn apply_op(
                 .rules
                 .push(rule.clone());
         }
-        (Verb::Add, Object::Element {
-            set,
-            key,
-            value,
-            comment,
-        }) => {
+        (
+            Verb::Add,
+            Object::Element {
+                set,
+                key,
+                value,
+                comment,
+            },
+        ) => {
             let table = table_mut(state)?;
             if let Some(Verdict::Goto(chain) | Verdict::Jump(chain)) = value {
                 if !table.chains.contains_key(chain) {
@@ -371,7 +383,9 @@ fn apply_op(
         (verb, object) => {
             let mut text = String::new();
             render_op(family, verb, object, &mut text);
-            return Err(ApplyError::NotFound(format!("unsupported operation {text}")));
+            return Err(ApplyError::NotFound(format!(
+                "unsupported operation {text}"
+            )));
         }
     }
     Ok(())

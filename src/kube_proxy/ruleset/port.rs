@@ -45,7 +45,13 @@ pub struct PortRules {
 }
 
 impl PortRules {
-    fn element(&mut self, set: &'static str, key: Key, value: Option<Verdict>, comment: Option<&str>) {
+    fn element(
+        &mut self,
+        set: &'static str,
+        key: Key,
+        value: Option<Verdict>,
+        comment: Option<&str>,
+    ) {
         self.elements.push(WantedElement {
             set,
             key,
@@ -278,7 +284,10 @@ pub fn render_port(
             );
         }
         if has_external {
-            out.rule(ext, Rule::new(vec![Stmt::Goto(external_policy_chain.clone())]));
+            out.rule(
+                ext,
+                Rule::new(vec![Stmt::Goto(external_policy_chain.clone())]),
+            );
         }
     }
 

@@ -46,6 +46,8 @@ pub struct Settings {
     pub node_ports: NodePorts,
     /// This family's Service CIDRs: traffic to an unallocated address in them is dropped.
     pub service_cidrs: Vec<IpNet>,
+    /// The node's `topology.kubernetes.io/zone` label, for zone topology hints.
+    pub zone: Option<String>,
 }
 
 impl Settings {
@@ -65,6 +67,7 @@ impl Settings {
             local_detector: LocalDetector::Cidr(cidr.parse().expect("a literal prefix")),
             node_ports: NodePorts::Addresses(vec![node_ip]),
             service_cidrs: vec![svc.parse().expect("a literal prefix")],
+            zone: None,
         }
     }
 }

@@ -50,8 +50,18 @@ pub const ELEMENT_CONTAINERS: [(&str, SetKind); 7] = [
 ];
 
 pub const BASE_CHAINS: [(&str, ChainType, Hook, i32); 8] = [
-    (FILTER_PREROUTING_PRE_DNAT, ChainType::Filter, Hook::Prerouting, -110),
-    (FILTER_OUTPUT_PRE_DNAT, ChainType::Filter, Hook::Output, -110),
+    (
+        FILTER_PREROUTING_PRE_DNAT,
+        ChainType::Filter,
+        Hook::Prerouting,
+        -110,
+    ),
+    (
+        FILTER_OUTPUT_PRE_DNAT,
+        ChainType::Filter,
+        Hook::Output,
+        -110,
+    ),
     (FILTER_INPUT, ChainType::Filter, Hook::Input, 0),
     (FILTER_FORWARD, ChainType::Filter, Hook::Forward, 0),
     (FILTER_OUTPUT, ChainType::Filter, Hook::Output, 0),
@@ -180,7 +190,12 @@ pub fn write(settings: &Settings, first: bool, tx: &mut Transaction) {
         ]),
     );
 
-    tx.add(set(CLUSTER_IPS, SetKind::Set, addr.into(), "Active ClusterIPs"));
+    tx.add(set(
+        CLUSTER_IPS,
+        SetKind::Set,
+        addr.into(),
+        "Active ClusterIPs",
+    ));
     tx.add_rule(
         CLUSTER_IPS_CHECK,
         Rule::with_comment(

@@ -68,10 +68,13 @@ struct Claim {
     comment: Option<String>,
 }
 
+/// An element as the kernel holds it: its value and comment.
+type Held = (Option<Verdict>, Option<String>);
+
 /// One key of one set or map: what the kernel holds, and which Services want it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Slot {
-    kernel: Option<Option<Verdict>>,
+    kernel: Option<Held>,
     claims: Vec<Claim>,
 }
 
@@ -139,7 +142,11 @@ impl KernelView {
 
     /// The transaction that deletes the chains flushed at least a second before `now`, and
     /// their names (forgotten only once the kernel took it: `stale_deleted`).
-    pub fn stale_cleanup(&self, settings: &Settings, now: Instant) -> Option<(Transaction, Vec<String>)> {
+    pub fn stale_cleanup(
+        &self,
+        settings: &Settings,
+        now: Instant,
+    ) -> Option<(Transaction, Vec<String>)> {
         let due: Vec<String> = self
             .stale_chains
             .iter()
@@ -325,9 +332,7 @@ impl KernelView {
             let keep = !owned.chains.is_empty()
                 || !owned.keys.is_empty()
                 || !owned.affinity_sets.is_empty();
-            commit
-                .services
-                .push((name.clone(), keep.then_some(owned)));
+            commit.services.push((name.clone(), keep.then_some(owned)));
         }
 
         // Elements: adds (and delete + add for a changed value) first, leftovers last.
@@ -337,17 +342,20 @@ impl KernelView {
                 continue;
             };
             let (set, key) = &slot_key;
-            let wanted_value = slot.effective().map(|c| (c.value.clone(), c.comment.clone()));
-            match (&slot.kernel, wanted_value) {
-                (Some(have), Some((value, _))) if *have == value => {}
-                (Some(_), Some((value, comment))) => {
+            let wanted: Option<Held> = slot
+                .effective()
+                .map(|c| (c.value.clone(), c.comment.clone()));
+            match (&slot.kernel, wanted) {
+                (Some(have), Some(want)) if *have == want => {}
+                (Some(_), Some(want)) => {
+                    // A changed value (or, where two Services claim the key, comment).
                     tx.delete(element(set, key, None, None));
-                    tx.add(element(set, key, value.clone(), comment));
-                    slot.kernel = Some(value);
+                    tx.add(element(set, key, want.0.clone(), want.1.clone()));
+                    slot.kernel = Some(want);
                 }
-                (None, Some((value, comment))) => {
-                    tx.add(element(set, key, value.clone(), comment));
-                    slot.kernel = Some(value);
+                (None, Some(want)) => {
+                    tx.add(element(set, key, want.0.clone(), want.1.clone()));
+                    slot.kernel = Some(want);
                 }
                 (Some(_), None) => {
                     deletes.push(element(set, key, None, None));
@@ -439,4 +447,5 @@ fn affinity_set(settings: &Settings, name: &str, timeout: u32) -> Object {
     }
 }
 
-// TESTS-PENDING
+#[cfg(test)]
+mod tests;

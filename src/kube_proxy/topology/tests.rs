@@ -51,7 +51,11 @@ fn ips(eps: &[&Endpoint]) -> Vec<String> {
 
 #[test]
 fn cluster_policy_takes_ready_endpoints() {
-    let eps = [ep("10.0.0.1", "rs"), ep("10.0.0.2", "st"), ep("10.0.0.3", "")];
+    let eps = [
+        ep("10.0.0.1", "rs"),
+        ep("10.0.0.2", "st"),
+        ep("10.0.0.3", ""),
+    ];
     let c = categorize(&eps, &port(false, false, 0), "node", None);
     assert_eq!(ips(&c.cluster), ["10.0.0.1"]);
     assert!(c.local.is_empty());
@@ -61,7 +65,11 @@ fn cluster_policy_takes_ready_endpoints() {
 
 #[test]
 fn cluster_policy_falls_back_to_serving_terminating() {
-    let eps = [ep("10.0.0.1", "t"), ep("10.0.0.2", "st"), ep("10.0.0.3", "s")];
+    let eps = [
+        ep("10.0.0.1", "t"),
+        ep("10.0.0.2", "st"),
+        ep("10.0.0.3", "s"),
+    ];
     let c = categorize(&eps, &port(false, false, 0), "node", None);
     assert_eq!(ips(&c.cluster), ["10.0.0.2"]);
     assert!(c.has_any);
@@ -79,9 +87,16 @@ fn nothing_usable_means_no_endpoints() {
 
 #[test]
 fn internal_local_takes_local_ready_then_local_terminating() {
-    let eps = [ep("10.0.0.1", "rsl"), ep("10.0.0.2", "rs"), ep("10.0.0.3", "stl")];
+    let eps = [
+        ep("10.0.0.1", "rsl"),
+        ep("10.0.0.2", "rs"),
+        ep("10.0.0.3", "stl"),
+    ];
     let c = categorize(&eps, &port(true, false, 0), "node", None);
-    assert!(c.cluster.is_empty(), "not externally accessible: no cluster set");
+    assert!(
+        c.cluster.is_empty(),
+        "not externally accessible: no cluster set"
+    );
     assert_eq!(ips(&c.local), ["10.0.0.1"]);
     assert_eq!(ips(&c.all_reachable), ["10.0.0.1"]);
 

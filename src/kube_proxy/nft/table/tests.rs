@@ -58,7 +58,10 @@ fn referenced_and_missing_objects_are_refused() {
     assert!(matches!(apply(&mut state, &tx), Err(ApplyError::Busy(_))));
     let mut tx = Transaction::new(IpFamily::V4);
     tx.flush(Object::chain("svc/none"));
-    assert!(matches!(apply(&mut state, &tx), Err(ApplyError::NotFound(_))));
+    assert!(matches!(
+        apply(&mut state, &tx),
+        Err(ApplyError::NotFound(_))
+    ));
     // A changed value needs delete + add.
     let mut tx = Transaction::new(IpFamily::V4);
     tx.add(Object::chain("svc/b"));
@@ -105,5 +108,9 @@ fn rules_need_what_they_name() {
     tx.flush(Object::chain("top"));
     tx.delete(Object::chain("svc/a"));
     apply(&mut state, &tx).unwrap();
-    assert!(state.as_ref().unwrap().dump().contains("add chain ip kube-proxy top\n"));
+    assert!(state
+        .as_ref()
+        .unwrap()
+        .dump()
+        .contains("add chain ip kube-proxy top\n"));
 }

@@ -1,0 +1,221 @@
+//! The kernel's side: `nft -f -` takes a transaction whole or refuses it whole; `nft -j list
+//! table` shows what a family's table holds. The transaction is written to nft's stdin as it
+//! is rendered, a piece at a time, so a large one is never held as text.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use super::objects::{render_op, Transaction, TABLE};
+use crate::kube_proxy::model::IpFamily;
+
+/// How much rendered text is written to nft at a time.
+const CHUNK: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    #[error("cannot run {path}: {source}")]
+    Spawn {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("nft refused the transaction ({status}): {stderr}")]
+    Refused { status: String, stderr: String },
+    #[error("nft {0} is too old: 1.0.1 or later is needed")]
+    TooOld(String),
+    #[error("writing to nft: {0}")]
+    Write(std::io::Error),
+}
+
+impl NftError {
+    /// A label for the failure counters.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            NftError::Spawn { .. } => "spawn",
+            NftError::Refused { .. } => "refused",
+            NftError::TooOld(_) => "version",
+            NftError::Write(_) => "write",
+        }
+    }
+
+    /// Whether the table was not there (a listing of a table that does not exist).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, NftError::Refused { stderr, .. } if stderr.contains("No such file or directory"))
+    }
+}
+
+/// How one transaction went in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub operations: usize,
+    pub bytes: usize,
+    pub elapsed: Duration,
+}
+
+/// The `nft` program.
+#[derive(Clone, Debug)]
+pub struct Nft {
+    path: PathBuf,
+}
+
+impl Nft {
+    /// `nft` from `PATH` (or the path given), with its version checked.
+    pub async fn find(path: Option<PathBuf>) -> Result<Nft, NftError> {
+        let nft = Nft {
+            path: path.unwrap_or_else(|| PathBuf::from("nft")),
+        };
+        let out = nft
+            .command()
+            .arg("--version")
+            .output()
+            .await
+            .map_err(|source| NftError::Spawn {
+                path: nft.path.display().to_string(),
+                source,
+            })?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        // "nftables v1.0.6 (Lester Gooch #5)"
+        let version = text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix('v'))
+            .unwrap_or_default()
+            .to_owned();
+        let parts: Vec<u32> = version
+            .split('.')
+            .map(|p| {
+                p.trim_end_matches(|c: char| !c.is_ascii_digit())
+                    .parse()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let at_least = |want: [u32; 3]| {
+            let have = [
+                parts.first().copied().unwrap_or(0),
+                parts.get(1).copied().unwrap_or(0),
+                parts.get(2).copied().unwrap_or(0),
+            ];
+            have >= want
+        };
+        if !at_least([1, 0, 1]) {
+            return Err(NftError::TooOld(if version.is_empty() {
+                text.trim().to_owned()
+            } else {
+                version
+            }));
+        }
+        Ok(nft)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.path);
+        cmd.kill_on_drop(true);
+        cmd
+    }
+
+    /// Applies a transaction: all of it, or none of it and nft's reason.
+    pub async fn run(&self, tx: &Transaction) -> Result<Applied, NftError> {
+        let start = Instant::now();
+        let mut child = self
+            .command()
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| NftError::Spawn {
+                path: self.path.display().to_string(),
+                source,
+            })?;
+        let mut bytes = 0;
+        if let Some(mut stdin) = child.stdin.take() {
+            let mut buf = String::with_capacity(CHUNK + 1024);
+            let mut write_error = None;
+            for (verb, object) in &tx.ops {
+                render_op(tx.family, *verb, object, &mut buf);
+                buf.push('\n');
+                if buf.len() >= CHUNK {
+                    bytes += buf.len();
+                    if let Err(e) = stdin.write_all(buf.as_bytes()).await {
+                        write_error = Some(e);
+                        break;
+                    }
+                    buf.clear();
+                }
+            }
+            if write_error.is_none() && !buf.is_empty() {
+                bytes += buf.len();
+                write_error = stdin.write_all(buf.as_bytes()).await.err();
+            }
+            drop(stdin);
+            if let Some(e) = write_error {
+                // nft stopped reading: its exit status and stderr say why.
+                let out = child.wait_with_output().await.map_err(NftError::Write)?;
+                if !out.status.success() {
+                    return Err(refused(&out.status, &out.stderr));
+                }
+                return Err(NftError::Write(e));
+            }
+        }
+        let out = child.wait_with_output().await.map_err(NftError::Write)?;
+        if !out.status.success() {
+            return Err(refused(&out.status, &out.stderr));
+        }
+        Ok(Applied {
+            operations: tx.len(),
+            bytes,
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// `nft -j list table <family> kube-proxy`.
+    pub async fn list_json(&self, family: IpFamily) -> Result<String, NftError> {
+        self.output(&["-j", "list", "table", family.nft(), TABLE])
+            .await
+    }
+
+    /// `nft list table <family> kube-proxy`, as an operator reads it.
+    pub async fn list_text(&self, family: IpFamily) -> Result<String, NftError> {
+        self.output(&["list", "table", family.nft(), TABLE]).await
+    }
+
+    async fn output(&self, args: &[&str]) -> Result<String, NftError> {
+        let out = self
+            .command()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|source| NftError::Spawn {
+                path: self.path.display().to_string(),
+                source,
+            })?;
+        if !out.status.success() {
+            return Err(refused(&out.status, &out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+fn refused(status: &std::process::ExitStatus, stderr: &[u8]) -> NftError {
+    let mut text = String::from_utf8_lossy(stderr).trim().to_owned();
+    // A refusal of a large transaction can name many lines: keep the first ones.
+    if text.len() > 4096 {
+        let mut end = 4096;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(" ...");
+    }
+    NftError::Refused {
+        status: status.to_string(),
+        stderr: text,
+    }
+}

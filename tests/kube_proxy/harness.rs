@@ -1,0 +1,632 @@
+//! The whole fixture: one apiserver, one relay, and per side a node (namespaces, echo pods)
+//! with a kube-proxy in it; how to wait for both proxies to catch up, compare their rulesets
+//! and drive connections through both nodes.
+//!
+//! Waiting: after every change the harness moves a *barrier*, a dual-stack Service of its own
+//! whose port (and its endpoints' port) it sets to a new number, and waits until every side's
+//! tables show that number. A proxy handles the events of one resource kind in order, so once
+//! the barrier's Service and slices show, every earlier Service and slice change has been seen,
+//! and the sync that showed it included them. That also covers changes that must leave the
+//! rules as they were (a headless Service, a slice without a Service), where "the ruleset
+//! stopped changing" would prove nothing.
+
+use std::collections::BTreeMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::api::{self, Apiserver, Ep, Kube, KubeNs, Proto, Slice, Svc};
+use super::node::{self, NodeNs};
+use super::probe::{self, Expect};
+use super::procs::{ns_must, Proc};
+use super::proxy::{self, Impl};
+use super::ruleset::{self, Table};
+use super::NODE_NAME;
+
+/// The namespace scenarios create their objects in; emptied between scenarios.
+pub const NS: &str = "kp";
+const BARRIER_NS: &str = "kp-barrier";
+const BARRIER_V4: &str = "10.96.255.254";
+const BARRIER_V6: &str = "fd00:10:96::fffe";
+const BARRIER_EP_V4: &str = "10.244.99.99";
+const BARRIER_EP_V6: &str = "fd00:10:244:99::99";
+/// What identifies the barrier's lines in a ruleset.
+const BARRIER_NEEDLES: [&str; 5] = [
+    BARRIER_V4,
+    BARRIER_V6,
+    BARRIER_EP_V4,
+    BARRIER_EP_V6,
+    "kp-barrier/",
+];
+/// How long a proxy may take to show a change. Upstream needs at most ~1 s (its minimum sync
+/// interval) plus the sync itself; the rest is for a machine busy with builds.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+const FAMILIES: [&str; 2] = ["ip", "ip6"];
+
+/// One side to run: its label and its program.
+#[derive(Clone, Copy, Debug)]
+pub struct SideSpec {
+    pub label: &'static str,
+    pub which: Impl,
+}
+
+/// A ruleset line difference that is expected, with why.
+pub struct KnownDiff {
+    /// The scenario it applies to, or "*".
+    pub scenario: &'static str,
+    /// A substring of the differing line.
+    pub line_contains: &'static str,
+    pub why: &'static str,
+}
+
+pub struct Side {
+    pub label: &'static str,
+    pub which: Impl,
+    // Field order is drop order: the proxy first, then the relay, then the namespaces.
+    pub proxy: Proc,
+    relay: Proc,
+    pub node: NodeNs,
+    /// The tables as the last wait saw them, per family.
+    pub tables: BTreeMap<&'static str, Option<Table>>,
+    baseline: BTreeMap<&'static str, Option<Table>>,
+}
+
+/// One row of the report: what a source saw at a target on a side.
+pub struct Row {
+    pub scenario: String,
+    /// Which call of [`Harness::probe`] in the run.
+    pub step: usize,
+    pub from: String,
+    pub target: String,
+    pub side: &'static str,
+    pub summary: String,
+}
+
+pub struct Harness {
+    // Drop order: sides (proxies, node relays, namespaces), host relay, apiserver, files.
+    pub sides: Vec<Side>,
+    host_relay: Proc,
+    pub kube: Kube,
+    api: Apiserver,
+    dir: tempfile::TempDir,
+    pub agent: PathBuf,
+    barrier: u16,
+    scenario: String,
+    pub failures: Vec<String>,
+    pub report: Vec<Row>,
+    pub timings: Vec<(String, Duration)>,
+    known: &'static [KnownDiff],
+    probe_calls: usize,
+}
+
+impl Harness {
+    /// Starts everything and waits until every side's proxy has synced once.
+    pub fn start(specs: &[SideSpec], known: &'static [KnownDiff]) -> Harness {
+        node::clean_leftovers();
+        let _ = std::fs::remove_dir_all(artefacts());
+        std::fs::create_dir_all(artefacts()).expect("artefacts dir");
+        let t0 = Instant::now();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{}.", node::prefix()))
+            .tempdir()
+            .expect("tempdir");
+        let agent = PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/kube_proxy/netagent.py"
+        ));
+        let api = Apiserver::start(&dir.path().join("kube"));
+        let kube = Kube::connect(&api, NS);
+        kube.ensure_namespace(BARRIER_NS);
+        kube.create_node(NODE_NAME, &[node::NODE_IP, node::NODE_IP6]);
+        let barrier = 1000;
+        create_barrier(&kube.in_namespace(BARRIER_NS), barrier);
+        let socket = dir.path().join("apiserver.sock");
+        let host_relay = api::host_relay(&api, &socket, &dir.path().join("relay-host.log"));
+        let kubeconfig = dir.path().join("node.kubeconfig");
+        api.write_node_kubeconfig(&kubeconfig);
+        let mut sides = Vec::new();
+        for spec in specs {
+            let node = NodeNs::create(spec.label, dir.path(), &agent);
+            let relay = api::node_relay(
+                &node.node,
+                &socket,
+                &dir.path().join(format!("relay-{}.log", spec.label)),
+            );
+            let proxy = proxy::start(
+                spec.which,
+                &api.bin_dir(),
+                &node.node,
+                &kubeconfig,
+                &dir.path().join(format!("kube-proxy-{}.log", spec.label)),
+            );
+            sides.push(Side {
+                label: spec.label,
+                which: spec.which,
+                proxy,
+                relay,
+                node,
+                tables: BTreeMap::new(),
+                baseline: BTreeMap::new(),
+            });
+        }
+        let mut h = Harness {
+            sides,
+            host_relay,
+            kube,
+            api,
+            dir,
+            agent,
+            barrier,
+            scenario: "start-up".into(),
+            failures: Vec::new(),
+            report: Vec::new(),
+            timings: Vec::new(),
+            known,
+            probe_calls: 0,
+        };
+        h.wait_barrier().unwrap_or_else(|e| panic!("{e}"));
+        h.settle_stale().unwrap_or_else(|e| panic!("{e}"));
+        h.check_the_comparison_sees_a_difference();
+        for s in &mut h.sides {
+            s.baseline = s.tables.clone();
+        }
+        h.timings.push(("start-up".into(), t0.elapsed()));
+        h
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Copies every process's log into [`artefacts`] (for a failed run: the run's directory
+    /// goes with the harness).
+    pub fn save_logs(&self) -> PathBuf {
+        let to = artefacts();
+        if let Ok(entries) = std::fs::read_dir(self.dir()) {
+            for e in entries.flatten() {
+                if e.path().extension().is_some_and(|x| x == "log") {
+                    let _ = std::fs::copy(e.path(), to.join(e.file_name()));
+                }
+            }
+        }
+        to
+    }
+
+    /// Keeps the run's directory (logs, apiserver data) after the harness is dropped.
+    pub fn keep_dir(&mut self) -> PathBuf {
+        self.dir.disable_cleanup(true);
+        self.dir.path().to_path_buf()
+    }
+
+    /// The scenario namespace's client.
+    pub fn api(&self) -> KubeNs<'_> {
+        self.kube.in_namespace(NS)
+    }
+
+    /// Runs one scenario: empties the namespace (and waits until every proxy has dropped its
+    /// rules), forgets tracked connections, then runs `f`. A panic in `f` is recorded as the
+    /// scenario's failure and the next scenario still runs.
+    pub fn scenario(&mut self, name: &str, f: impl FnOnce(&mut Harness)) {
+        let t0 = Instant::now();
+        self.scenario = name.to_string();
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            if self.api().delete_all() {
+                self.settle();
+            }
+            for s in &self.sides {
+                s.node.flush_conntrack();
+            }
+            f(self);
+        }));
+        if let Err(panic) = result {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "non-string panic".into());
+            self.fail(format!("panicked: {msg}"));
+        }
+        self.timings.push((name.to_string(), t0.elapsed()));
+    }
+
+    /// Records a failure of the current scenario.
+    pub fn fail(&mut self, msg: String) {
+        eprintln!("FAIL [{}] {msg}", self.scenario);
+        self.failures.push(format!("[{}] {msg}", self.scenario));
+    }
+
+    // ------------------------------------------------------------------ waiting
+
+    /// Waits until every proxy has handled every change made so far and has deleted the
+    /// chains it flushed. Panics with the reason when it does not happen in time.
+    pub fn settle(&mut self) {
+        self.barrier += 1;
+        move_barrier(&self.kube.in_namespace(BARRIER_NS), self.barrier);
+        self.wait_barrier().unwrap_or_else(|e| panic!("{e}"));
+        self.settle_stale().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Upstream flushes a chain it no longer uses and deletes it in a later sync, at least a
+    /// second after; a sync happens only when something changes. So while any side shows a
+    /// flushed chain, move the barrier again (each move is one more sync). A program that
+    /// never deletes them fails here, after a few rounds.
+    fn settle_stale(&mut self) -> Result<(), String> {
+        for _ in 0..4 {
+            let stale: Vec<String> = self
+                .sides
+                .iter()
+                .flat_map(|s| {
+                    s.tables.values().flatten().flat_map(move |t| {
+                        t.flushed_service_chains()
+                            .into_iter()
+                            .map(move |c| format!("{} {}: {c}", s.label, t.family))
+                    })
+                })
+                .collect();
+            if stale.is_empty() {
+                return Ok(());
+            }
+            self.barrier += 1;
+            move_barrier(&self.kube.in_namespace(BARRIER_NS), self.barrier);
+            self.wait_barrier()?;
+        }
+        Err("flushed per-Service chains still present after 4 more syncs".into())
+    }
+
+    /// Polls every side's tables until both families show the current barrier.
+    fn wait_barrier(&mut self) -> Result<(), String> {
+        let want = u64::from(self.barrier);
+        let deadline = Instant::now() + SYNC_TIMEOUT;
+        for side in &mut self.sides {
+            loop {
+                if let Some(status) = side.proxy.exited() {
+                    return Err(format!(
+                        "side {}: {} exited ({status}):\n{}",
+                        side.label,
+                        side.proxy.name,
+                        side.proxy.log_tail(30)
+                    ));
+                }
+                let mut seen = Vec::new();
+                let mut ok = true;
+                for fam in FAMILIES {
+                    let t = ruleset::dump(&side.node.node, fam)?;
+                    let (vip, ep) = if fam == "ip" {
+                        (BARRIER_V4, BARRIER_EP_V4)
+                    } else {
+                        (BARRIER_V6, BARRIER_EP_V6)
+                    };
+                    let (ports, dnat) = match &t {
+                        Some(t) => (t.service_ports(vip, "tcp"), t.dnat_ports(ep)),
+                        None => (vec![], vec![]),
+                    };
+                    ok &= ports == [want] && dnat == [want];
+                    seen.push(format!(
+                        "{fam}: service port {ports:?}, endpoint port {dnat:?}"
+                    ));
+                    side.tables.insert(fam, t);
+                }
+                if ok {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "side {} ({}): the barrier's port {want} did not reach the rules within \
+                         {SYNC_TIMEOUT:?} (last seen {}); proxy log:\n{}",
+                        side.label,
+                        side.which.label(),
+                        seen.join("; "),
+                        side.proxy.log_tail(30)
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`settle`](Self::settle), then [`compare_rulesets`](Self::compare_rulesets): what a
+    /// scenario calls after each change.
+    pub fn synced(&mut self) {
+        self.settle();
+        self.compare_rulesets();
+    }
+
+    // ------------------------------------------------------------------ rulesets
+
+    /// After [`settle`](Self::settle): the sides' tables must be equal, but for the known
+    /// differences. Records a failure with the readable diff otherwise.
+    pub fn compare_rulesets(&mut self) {
+        if self.sides.len() < 2 {
+            return;
+        }
+        let mut problems = Vec::new();
+        for fam in FAMILIES {
+            let (a, b) = (&self.sides[0], &self.sides[1]);
+            let lines = |s: &Side| -> Vec<String> {
+                s.tables
+                    .get(fam)
+                    .cloned()
+                    .flatten()
+                    .map(|t| t.lines)
+                    .unwrap_or_else(|| vec![format!("(no table {fam} kube-proxy)")])
+            };
+            let d = ruleset::diff(a.label, &lines(a), b.label, &lines(b));
+            let unexplained: Vec<String> = d
+                .into_iter()
+                .filter(|l| {
+                    !self.known.iter().any(|k| {
+                        (k.scenario == "*" || k.scenario == self.scenario)
+                            && l.contains(k.line_contains)
+                    })
+                })
+                .collect();
+            if !unexplained.is_empty() {
+                let files = self.save_tables(fam);
+                problems.push(format!(
+                    "table {fam} kube-proxy differs ({} lines; full listings: {files}):\n  {}",
+                    unexplained.len(),
+                    unexplained.join("\n  ")
+                ));
+            }
+        }
+        for p in problems {
+            self.fail(p);
+        }
+    }
+
+    /// A comparison that cannot fail proves nothing: add an unused chain to the second side's
+    /// table behind its proxy's back, require the diff to name it, and delete it again. This
+    /// also proves that each side's listing comes from its own namespace. (Upstream only
+    /// deletes chains whose names hold a `/`, so it leaves this one alone meanwhile.)
+    fn check_the_comparison_sees_a_difference(&mut self) {
+        if self.sides.len() < 2 {
+            return;
+        }
+        let (a, b) = (&self.sides[0], &self.sides[1]);
+        let lines = |t: Option<Table>| t.map(|t| t.lines).unwrap_or_default();
+        let a_lines = lines(a.tables.get("ip").cloned().flatten());
+        let ns = b.node.node.clone();
+        let chain = ["ip", "kube-proxy", "kpsbs-canary"];
+        ns_must(&ns, &[&["nft", "add", "chain"][..], &chain].concat());
+        let with = ruleset::dump(&ns, "ip");
+        ns_must(&ns, &[&["nft", "delete", "chain"][..], &chain].concat());
+        let with = lines(with.unwrap_or_else(|e| panic!("{e}")));
+        let canary = format!("{} only: chain kpsbs-canary {{}}", b.label);
+        let before = ruleset::diff(
+            a.label,
+            &a_lines,
+            b.label,
+            &lines(b.tables.get("ip").cloned().flatten()),
+        );
+        let after = ruleset::diff(a.label, &a_lines, b.label, &with);
+        assert!(
+            after.contains(&canary) && !before.contains(&canary),
+            "the ruleset comparison did not see a chain added to side {}: {after:#?}",
+            b.label
+        );
+    }
+
+    /// Writes each side's text listing of `fam` for this scenario into [`artefacts`];
+    /// returns the paths.
+    fn save_tables(&self, fam: &str) -> String {
+        let mut paths = Vec::new();
+        for s in &self.sides {
+            let p = artefacts().join(format!("{}-{}-{fam}.nft", self.scenario, s.label));
+            let _ = std::fs::write(&p, ruleset::dump_text(&s.node.node, fam));
+            paths.push(p.display().to_string());
+        }
+        paths.join(", ")
+    }
+
+    /// Every side's tables equal its start-up tables (the barrier aside): a scenario whose
+    /// objects the proxies must ignore, or whose objects are gone.
+    pub fn expect_baseline(&mut self) {
+        let mut problems = Vec::new();
+        for s in &self.sides {
+            for fam in FAMILIES {
+                let now = s.tables.get(fam).cloned().flatten();
+                let base = s.baseline.get(fam).cloned().flatten();
+                let (now, base) = match (now, base) {
+                    (Some(n), Some(b)) => {
+                        (n.without(&BARRIER_NEEDLES), b.without(&BARRIER_NEEDLES))
+                    }
+                    (n, b) => {
+                        if n.is_some() != b.is_some() {
+                            problems.push(format!(
+                                "side {} {fam}: table present {} at start-up, {} now",
+                                s.label,
+                                b.is_some(),
+                                n.is_some()
+                            ));
+                        }
+                        continue;
+                    }
+                };
+                let d = ruleset::diff("start-up", &base, "now", &now);
+                if !d.is_empty() {
+                    problems.push(format!(
+                        "side {} table {fam} differs from its start-up state:\n  {}",
+                        s.label,
+                        d.join("\n  ")
+                    ));
+                }
+            }
+        }
+        for p in problems {
+            self.fail(p);
+        }
+    }
+
+    /// Whether any side's table of `fam` mentions `needle` now.
+    pub fn any_mentions(&self, fam: &str, needle: &str) -> bool {
+        self.sides.iter().any(|s| {
+            s.tables
+                .get(fam)
+                .and_then(|t| t.as_ref())
+                .is_some_and(|t| t.mentions(needle))
+        })
+    }
+
+    // ------------------------------------------------------------------ connections
+
+    /// Runs every probe on every side at once, checks each against its expectation and the
+    /// sides against each other, and adds the results to the report.
+    pub fn probe(&mut self, probes: &[P]) {
+        self.probe_calls += 1;
+        let first_alone = probes.iter().any(|p| !p.expect.sides_comparable());
+        let mut running = Vec::new();
+        for (si, s) in self.sides.iter().enumerate() {
+            let mut by_source: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+            for p in probes {
+                by_source.entry(p.from).or_default().push(p.target.clone());
+            }
+            for (from, targets) in by_source {
+                let r = probe::start(
+                    s.label,
+                    s.node.ns_of(from),
+                    &self.agent,
+                    first_alone,
+                    &targets,
+                );
+                running.push((si, from, r));
+            }
+        }
+        // side index -> (from, target) -> answers
+        let mut results: Vec<BTreeMap<(String, String), Vec<String>>> =
+            vec![BTreeMap::new(); self.sides.len()];
+        for (si, from, r) in running {
+            for (target, answers) in r.finish() {
+                results[si].insert((from.to_string(), target), answers);
+            }
+        }
+        for p in probes {
+            let key = (p.from.to_string(), p.target.clone());
+            let mut per_side = Vec::new();
+            for (si, s) in self.sides.iter().enumerate() {
+                let answers = results[si].get(&key).cloned().unwrap_or_default();
+                self.report.push(Row {
+                    scenario: self.scenario.clone(),
+                    step: self.probe_calls,
+                    from: p.from.to_string(),
+                    target: p.target.clone(),
+                    side: s.label,
+                    summary: probe::summary(&answers),
+                });
+                per_side.push((s.label, answers));
+            }
+            for (label, answers) in &per_side {
+                if let Err(e) = p.expect.check(answers) {
+                    self.fail(format!("side {label}: {} -> {}: {e}", p.from, p.target));
+                }
+            }
+            if p.expect.sides_comparable() && per_side.len() == 2 {
+                let (a, b) = (&per_side[0], &per_side[1]);
+                if probe::distinct(&a.1) != probe::distinct(&b.1) {
+                    self.fail(format!(
+                        "{} -> {}: the sides differ: {} saw {}; {} saw {}",
+                        p.from,
+                        p.target,
+                        a.0,
+                        probe::summary(&a.1),
+                        b.0,
+                        probe::summary(&b.1)
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The report as a table, one line per probe: the first side's answers, and the second
+    /// side's when they differ in which answers appeared.
+    pub fn report_table(&self) -> String {
+        let mut out = String::new();
+        let mut i = 0;
+        while i < self.report.len() {
+            let r = &self.report[i];
+            let mut line = format!(
+                "{:<28} {:<6} {:<26} {}: {}",
+                r.scenario, r.from, r.target, r.side, r.summary
+            );
+            let mut j = i + 1;
+            while j < self.report.len()
+                && self.report[j].step == r.step
+                && self.report[j].from == r.from
+                && self.report[j].target == r.target
+            {
+                line.push_str(&format!(
+                    " | {}: {}",
+                    self.report[j].side, self.report[j].summary
+                ));
+                j += 1;
+            }
+            out.push_str(&line);
+            out.push('\n');
+            i = j;
+        }
+        out
+    }
+}
+
+/// Where a run leaves what a person needs to read a failure (the cargo target's tmp dir, which
+/// outlives the run's own directory). Emptied when a run starts.
+pub fn artefacts() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kube-proxy-side-by-side")
+}
+
+/// A probe: from a source namespace ("client", "node", "pod1", "pod2") to a target.
+pub struct P {
+    pub from: &'static str,
+    pub target: String,
+    pub expect: Expect,
+}
+
+/// `p("client", "tcp", "10.96.1.1", 80, all(&["pod1<-masq"]))`.
+pub fn p(from: &'static str, proto: &str, addr: &str, port: u16, expect: Expect) -> P {
+    P {
+        from,
+        target: probe::target(proto, addr, port),
+        expect,
+    }
+}
+
+pub fn all(tokens: &[&str]) -> Expect {
+    Expect::All(tokens.iter().map(|s| s.to_string()).collect())
+}
+
+pub fn one_of(tokens: &[&str]) -> Expect {
+    Expect::OneOf(tokens.iter().map(|s| s.to_string()).collect())
+}
+
+// ------------------------------------------------------------------ the barrier
+
+fn create_barrier(k: &KubeNs<'_>, port: u16) {
+    k.create_service(
+        &Svc::cluster_ip("barrier", BARRIER_V4)
+            .dual_stack(BARRIER_V6)
+            .port("b", Proto::Tcp, port, port),
+    );
+    // On another node, so that it adds nothing node-local (no hairpin entry).
+    for (fam, ep) in [("IPv4", BARRIER_EP_V4), ("IPv6", BARRIER_EP_V6)] {
+        k.create_slice(
+            &Slice::new(&format!("barrier-{}", fam.to_lowercase()), "barrier", fam)
+                .port("b", Proto::Tcp, port)
+                .ep(Ep::ready(ep).on("node-z")),
+        );
+    }
+}
+
+fn move_barrier(k: &KubeNs<'_>, port: u16) {
+    k.patch_service(
+        "barrier",
+        json!({"spec": {"ports": [{"name": "b", "protocol": "TCP", "port": port, "targetPort": port}]}}),
+    );
+    for name in ["barrier-ipv4", "barrier-ipv6"] {
+        k.patch_slice(
+            name,
+            json!({"ports": [{"name": "b", "protocol": "TCP", "port": port}]}),
+        );
+    }
+}
