@@ -368,7 +368,7 @@ pub struct KubeProxyOptions {
     #[arg(verbatim_doc_comment, long, default_value = "auto")]
     pub log_format: LogFormat,
 
-    // --- removed upstream, accepted because unit files still pass them (see removed.rs) ---
+    // --- removed upstream, accepted because unit files still pass them (config/load.rs warns) ---
     /// Removed in v1.26 (klog): false writes the log to --log-file or --log-dir.
     #[arg(verbatim_doc_comment, long, hide = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", value_parser = go_bool, action = ArgAction::Set)]
     pub logtostderr: bool,

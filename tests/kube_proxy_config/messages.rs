@@ -91,3 +91,23 @@ fn bad_flag_values_read_as_pflag_words_them() {
         "Error: \"kube-proxy\" does not take any arguments, got [\"foo\"]\n"
     );
 }
+
+#[test]
+fn settings_only_a_file_can_give_are_validated_in_upstreams_words() {
+    // Each expected message is upstream v1.37.2's for the same file.
+    let cases = [
+        ("invalid-settings.yaml", "failed validate: [KubeProxyConfiguration.KubeProxyNFTablesConfiguration.MasqueradeBit: Invalid value: 32: must be within the range [0, 31], KubeProxyConfiguration.KubeProxyLinuxConfiguration.KubeProxyConntrackConfiguration.UDPStreamTimeout: Invalid value: \"-5s\": must be greater than or equal to 0, KubeProxyConfiguration.MinSyncPeriod: Invalid value: \"-1s\": must be greater than or equal to 0, KubeProxyConfiguration.HealthzBindAddress: Invalid value: \"0\": must be a valid port, KubeProxyConfiguration.MetricsBindAddress: Invalid value: \"foo\": must be a valid IP, KubeProxyConfiguration.NodePortAddresses[1]: Invalid value: \"::/129\": must be a valid CIDR or one of the keywords 'primary', 'localhost', 'all', KubeProxyConfiguration.DetectLocalConfiguration.ClusterCIDRs: Invalid value: [\"10.0.0.0/8\",\"fd00::/64\",\"10.1.0.0/16\"]: must be a either a single CIDR or dual-stack pair of CIDRs (e.g. [10.100.0.0/16, fde4:8dba:82e1::/48]]"),
+        ("invalid-logging.yaml", "initialize logging: [logging.format: Forbidden: Log format json is disabled, see LoggingBetaOptions feature, logging.verbosity: Invalid value: 3000000000: Must be <= 2147483647, logging.vmodule: Forbidden: Only supported for text log format, logging.vmodule[0]: Required value: File pattern must not be empty, logging.vmodule[1]: Invalid value: \"a=b\": File pattern must not contain equal sign or comma, logging.options.text.infoBufferSize: Forbidden: Feature LoggingAlphaOptions is disabled]"),
+        ("invalid-ipvs.yaml", "failed validate: [KubeProxyConfiguration.KubeProxyIPVSConfiguration.TCPFinTimeout: Invalid value: \"-1s\": must be greater than or equal to 0, KubeProxyConfiguration.KubeProxyIPVSConfiguration.UDPTimeout: Invalid value: \"-2s\": must be greater than or equal to 0, KubeProxyConfiguration.SyncPeriod: Invalid value: \"10s\": must be greater than or equal to KubeProxyConfiguration.MinSyncPeriod]"),
+    ];
+    for (file, message) in cases {
+        let config = format!("--config={}", super::harness::fixture(file).display());
+        let result = run(&[&config], &[]);
+        assert_eq!(result.code, 1, "{file}: {}", result.stderr);
+        assert!(
+            result.stderr.contains(&format!("Error: {message}\n")),
+            "{file}:\nwant: {message}\ngot: {}",
+            result.stderr
+        );
+    }
+}

@@ -120,7 +120,8 @@ impl Internal {
             .iter()
             .flat_map(|v| v.split(','))
             .filter_map(|item| {
-                let (pattern, level) = item.split_once('=')?;
+                // The pattern ends at the last '=' (a file's may hold one; validation refuses it).
+                let (pattern, level) = item.rsplit_once('=')?;
                 Some((pattern.to_string(), level.parse().ok()?))
             })
             .collect();
