@@ -347,6 +347,15 @@ fn flags_given_with_a_kube_proxy_configuration_are_applied_with_a_warning() {
     assert!(yaml.contains("\nmode: nftables\n"));
     assert!(yaml.contains("\n  verbosity: 3\n"));
     assert!(yaml.contains("\nhostnameOverride: node-a\n"));
+    let result = run(&[&config, "--metrics-port=0"], &[]);
+    assert_eq!(
+        result.code, 0,
+        "upstream ignores the port with --config: {}",
+        result.stderr
+    );
+    assert!(result
+        .stderr
+        .contains("--metrics-port is ignored with a KubeProxyConfiguration"));
     assert!(
         yaml.contains("\n  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf\n"),
         "the file's values stay"

@@ -221,6 +221,15 @@ pub fn load(cli: &CommandLine<KubeProxyOptions>) -> Result<KubeProxyOptions, Con
             ));
         }
     }
+    if options.kube_config_file || !options.write_config_to.is_empty() {
+        for (flag, _) in DEPRECATED {
+            if given.iter().any(|g| g == flag) {
+                warnings.push(format!(
+                    "--{flag} is ignored with a KubeProxyConfiguration --config or with --write-config-to, as upstream ignores it"
+                ));
+            }
+        }
+    }
     if options.kube_config_file {
         let ignored: Vec<String> = given
             .iter()
