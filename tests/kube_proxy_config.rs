@@ -497,3 +497,23 @@ fn check_config_version_help_and_underscores() {
     );
     assert_eq!(run(&["--cleanup", "--init-only"], &[]).code, 0);
 }
+
+#[test]
+fn the_reference_toml_holds_every_key_at_its_default() {
+    let reference = concat!(env!("CARGO_MANIFEST_DIR"), "/config/kube-proxy.toml");
+    let defaults = written(&["--config="], &[], "x.toml");
+    let from_file = written(&[&format!("--config={reference}")], &[], "x.toml");
+    assert_eq!(
+        from_file, defaults,
+        "config/kube-proxy.toml changes nothing"
+    );
+    let text = std::fs::read_to_string(reference).unwrap();
+    for line in defaults.lines().filter(|l| l.contains(" = ")) {
+        let key = line.split(" = ").next().unwrap();
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("{key} = "))),
+            "config/kube-proxy.toml lacks {key}"
+        );
+    }
+    assert!(text.contains("\n[feature_gates]\n"));
+}
