@@ -1,14 +1,96 @@
 //! kube-proxy: the node's Service proxy (a drop-in for upstream's, in its nftables mode).
+//! Parses, loads and validates the configuration; the proxy itself is not wired in yet: a
+//! valid configuration prints "configuration valid" and exits 0. `kube-proxy trace` runs
+//! `trace_cli` instead.
 
 use std::process::ExitCode;
 
+use kube_traffic::cli::{self, fail};
+use kube_traffic::config::layers;
+use kube_traffic::kube_proxy::config::load::{self, WriteFormat};
+use kube_traffic::kube_proxy::config::print_flags;
+use kube_traffic::kube_proxy::config::ProxyConfig;
 use kube_traffic::kube_proxy::trace_cli;
 
+// jemalloc (see src/allocator.rs), installed by the binary as the other programs do.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
+    let _finish_logs = cli::FinishLogs;
+    start()
+}
+
+fn start() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == trace_cli::NAME) {
         return trace_cli::main(args);
     }
-    eprintln!("Error: only `kube-proxy trace` is wired yet");
-    ExitCode::from(1)
+    let cli = match load::parse_args(args) {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    if let Some(text) = load::version_text(&cli.options.version) {
+        println!("{text}");
+        return ExitCode::SUCCESS;
+    }
+    let options = match load::load(&cli) {
+        Ok(options) => options,
+        Err(e) => return fail(format_args!("failed complete: {e}")),
+    };
+    cli::init_logging(
+        "kube-proxy",
+        &cli::LogFlags {
+            v: options.v,
+            vmodule: &options.vmodule_text(),
+            log_format: options.log_format,
+            logtostderr: options.logtostderr,
+            alsologtostderr: options.alsologtostderr,
+            log_file: &options.log_file,
+            log_dir: &options.log_dir,
+            log_file_max_size: options.log_file_max_size,
+        },
+    );
+    for warning in &options.load_warnings {
+        tracing::warn!("{warning}");
+    }
+    for line in print_flags::flag_lines(&options) {
+        tracing::info!(v = 1, "FLAG: {line}");
+    }
+    let mut warnings = Vec::new();
+    let validated = ProxyConfig::with_warnings(&options, &mut warnings);
+    for warning in &warnings {
+        tracing::warn!("{warning}");
+    }
+    let config = match validated {
+        Ok(config) => config,
+        Err(e) if options.check_config => {
+            return cli::check_result(options.config.as_deref(), Err(e.to_string()))
+        }
+        Err(e) => return fail(e),
+    };
+    if !options.write_config_to.is_empty() {
+        let path = &options.write_config_to;
+        let text = match load::write_format(path) {
+            WriteFormat::Toml => layers::to_toml(&options),
+            WriteFormat::KubeProxyConfiguration => config.v1alpha1_yaml(),
+        };
+        if path == "-" {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        return match std::fs::write(path, text) {
+            Ok(()) => {
+                tracing::info!(file = %path, "Wrote configuration");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(format_args!("open {path}: {e}")),
+        };
+    }
+    if options.check_config {
+        return cli::check_result(options.config.as_deref(), Ok(()));
+    }
+    println!("configuration valid");
+    ExitCode::SUCCESS
 }

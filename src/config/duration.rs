@@ -9,8 +9,10 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
 pub struct GoDuration(pub i64);
 
+/// Go's `time.ParseDuration` error, in its words (`time: invalid duration "x"`,
+/// `time: missing unit in duration "5"`, `time: unknown unit "d" in duration "1d"`).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("time: invalid duration \"{0}\"")]
+#[error("{0}")]
 pub struct ParseDurationError(String);
 
 impl GoDuration {
@@ -49,8 +51,10 @@ fn unit_nanos(unit: &str) -> Option<u64> {
 impl FromStr for GoDuration {
     type Err = ParseDurationError;
 
+    /// Go's `time.ParseDuration`, step for step: `[-+]`, then `number unit` pairs, where a
+    /// number is digits with an optional fraction (`1.5`, `.5`, `1.`).
     fn from_str(input: &str) -> Result<Self, Self::Err> {
-        let invalid = || ParseDurationError(input.to_string());
+        let invalid = || ParseDurationError(format!("time: invalid duration {input:?}"));
         let (negative, mut rest) = match input.as_bytes().first() {
             Some(b'-') => (true, &input[1..]),
             Some(b'+') => (false, &input[1..]),
@@ -62,22 +66,43 @@ impl FromStr for GoDuration {
         if rest.is_empty() {
             return Err(invalid());
         }
+        let digits = |text: &str| {
+            text.find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(text.len())
+        };
         let mut total: f64 = 0.0;
         while !rest.is_empty() {
-            let number_len = rest
-                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .ok_or_else(invalid)?;
-            let number = &rest[..number_len];
-            if number.is_empty() || number == "." || number.matches('.').count() > 1 {
+            if !rest.starts_with(|c: char| c == '.' || c.is_ascii_digit()) {
                 return Err(invalid());
             }
-            rest = &rest[number_len..];
+            let whole_len = digits(rest);
+            let whole = &rest[..whole_len];
+            rest = &rest[whole_len..];
+            let mut fraction = "";
+            if let Some(after) = rest.strip_prefix('.') {
+                let len = digits(after);
+                fraction = &after[..len];
+                rest = &after[len..];
+            }
+            if whole.is_empty() && fraction.is_empty() {
+                return Err(invalid());
+            }
             let unit_len = rest
-                .find(|c: char| c.is_ascii_digit() || c == '.')
+                .find(|c: char| c == '.' || c.is_ascii_digit())
                 .unwrap_or(rest.len());
-            let scale = unit_nanos(&rest[..unit_len]).ok_or_else(invalid)?;
+            let unit = &rest[..unit_len];
+            if unit.is_empty() {
+                return Err(ParseDurationError(format!(
+                    "time: missing unit in duration {input:?}"
+                )));
+            }
+            let scale = unit_nanos(unit).ok_or_else(|| {
+                ParseDurationError(format!("time: unknown unit {unit:?} in duration {input:?}"))
+            })?;
             rest = &rest[unit_len..];
-            let value: f64 = number.parse().map_err(|_| invalid())?;
+            let value: f64 = format!("{}.{fraction}0", if whole.is_empty() { "0" } else { whole })
+                .parse()
+                .map_err(|_| invalid())?;
             total += value * scale as f64;
         }
         if total > i64::MAX as f64 {
@@ -179,6 +204,24 @@ mod tests {
         for text in ["", "1", "s", "1x", "1.2.3s", "-", "1h 30m", ".s"] {
             assert!(text.parse::<GoDuration>().is_err(), "{text:?} should fail");
         }
+    }
+
+    #[test]
+    fn refuses_in_gos_words() {
+        let cases = [
+            ("", "time: invalid duration \"\""),
+            ("abc", "time: invalid duration \"abc\""),
+            ("5", "time: missing unit in duration \"5\""),
+            ("1.2.3s", "time: missing unit in duration \"1.2.3s\""),
+            ("1d", "time: unknown unit \"d\" in duration \"1d\""),
+            (".s", "time: invalid duration \".s\""),
+        ];
+        for (text, message) in cases {
+            let err = text.parse::<GoDuration>().unwrap_err();
+            assert_eq!(err.to_string(), message, "{text:?}");
+        }
+        assert_eq!("1.s".parse::<GoDuration>(), Ok(GoDuration(1_000_000_000)));
+        assert_eq!(".5s".parse::<GoDuration>(), Ok(GoDuration(500_000_000)));
     }
 
     #[test]

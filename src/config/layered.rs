@@ -1,6 +1,18 @@
-//! The one interface both programs' options give the configuration layers (`layers.rs`).
+//! The one interface every program's options give the configuration layers (`layers.rs`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use figment::value::Dict;
+
+use super::layers::ConfigError;
+
+/// A config file in a format of the program's own, read into the layers' keys.
+pub struct FileLayer {
+    /// Values by key, as the TOML file would give them.
+    pub values: Dict,
+    /// Problems that do not stop the start (logged once logging is up).
+    pub warnings: Vec<String>,
+}
 
 /// A program's settings, as every layer spells them: a clap command line whose ids are the
 /// TOML keys and, upper-cased behind [`Layered::ENV_PREFIX`], the environment's names. Both
@@ -15,11 +27,21 @@ pub trait Layered:
     /// The file read when `--config` and `<PREFIX>CONFIG` name none and it exists.
     const DEFAULT_CONFIG_PATH: &'static str;
     /// Upstream's own variable for the program's id (`PROXY_SERVER_ID`) and the key it sets.
-    /// Our prefixed variable for the same key overrides it.
+    /// Our prefixed variable for the same key overrides it. `("", "")` for a program without
+    /// one.
     const ID_VARIABLE: (&'static str, &'static str);
     /// Keys with no built-in default (so not in the defaults' table) that the environment
     /// may still set, and whether each is a bool (else a string).
     const OPTIONAL_KEYS: &'static [(&'static str, bool)];
+    /// Variables with the prefix that are upstream's own and not settings (lower-case keys
+    /// after the prefix): ignored without a warning.
+    const ENV_IGNORED: &'static [&'static str] = &[];
+
+    /// Reads a config file written in a format other than our TOML (kube-proxy's
+    /// `KubeProxyConfiguration`), or `None` when it is TOML.
+    fn file_layer(_path: &Path, _text: &str) -> Option<Result<FileLayer, ConfigError>> {
+        None
+    }
 
     /// `--config`, as given on the command line.
     fn config_flag(&self) -> Option<&PathBuf>;

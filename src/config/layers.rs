@@ -240,15 +240,26 @@ fn check_file<O: Layered>(path: &Path, text: &str) -> Result<(), ConfigError> {
 pub fn load<O: Layered>(cli: &CommandLine<O>) -> Result<O, ConfigError> {
     let path = config_path(&cli.options)?;
     let mut figment = Figment::from(Serialized::defaults(O::default()));
+    let mut file_warnings = Vec::new();
     if let Some(path) = &path {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
             path: path.clone(),
             message: e.to_string(),
         })?;
-        check_file::<O>(path, &text)?;
-        figment = figment.merge(Toml::string(&text));
+        match O::file_layer(path, &text) {
+            Some(layer) => {
+                let layer = layer?;
+                file_warnings = layer.warnings;
+                figment = figment.merge(Serialized::globals(layer.values));
+            }
+            None => {
+                check_file::<O>(path, &text)?;
+                figment = figment.merge(Toml::string(&text));
+            }
+        }
     }
     let (env, mut warnings) = env_layer::<O>(std::env::vars())?;
+    warnings.splice(0..0, file_warnings);
     figment = figment
         .merge(Serialized::globals(env))
         .merge(Serialized::globals(cli.explicit.clone()));
@@ -296,7 +307,7 @@ pub fn env_layer<O: Layered>(
         } else {
             continue;
         };
-        if ENV_NOT_SETTINGS.contains(&key.as_str()) {
+        if ENV_NOT_SETTINGS.contains(&key.as_str()) || O::ENV_IGNORED.contains(&key.as_str()) {
             continue;
         }
         if is_service_link::<O>(&key, &raw) && (name != id_variable) {

@@ -7,6 +7,8 @@ mod frontends;
 pub mod goflag;
 mod layered;
 pub mod layers;
+pub mod pflag;
+mod quantity;
 mod validate;
 mod values;
 
@@ -18,8 +20,9 @@ use std::time::Duration;
 pub use duration::{GoDuration, ParseDurationError};
 pub use flags::Options;
 pub use frontends::{Frontend, FrontendOptions, FIRST_FRONTEND};
-pub use layered::Layered;
+pub use layered::{FileLayer, Layered};
 pub use layers::{CommandLine, ConfigError};
+pub use quantity::Quantity;
 pub use validate::{GO_ACCEPTED_CIPHER_SUITES, MIN_FRONTEND_QUEUE_BYTES};
 pub use values::{
     parse_labels, parse_proxy_strategies, parse_tls_version, LogFormat, Mode, Strategy, TlsVersion,

@@ -11,16 +11,20 @@
 //! - `trace`: a packet walked through a table (the rendered one or the kernel's);
 //! - `conntrack`: stale UDP entries removed over netlink after a sync, and the conntrack
 //!   sysctls set at start-up;
+//! - `options`, `config`: the command line, the KubeProxyConfiguration file and our TOML,
+//!   upstream's validation, and the typed `ProxyConfig` the rest runs on;
 //! - the proxier, the runner that decides when to sync, and the process around them.
 
 pub mod api;
 pub mod cleanup;
+pub mod config;
 pub mod conntrack;
 pub mod healthz;
 pub mod interfaces;
 pub mod metrics;
 pub mod model;
 pub mod nft;
+pub mod options;
 pub mod proxier;
 pub mod ruleset;
 pub mod runner;
