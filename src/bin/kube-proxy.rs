@@ -1,7 +1,7 @@
 //! kube-proxy: the node's Service proxy (a drop-in for upstream's, in its nftables mode).
-//! Parses, loads and validates the configuration; the proxy itself is not wired in yet: a
-//! valid configuration prints "configuration valid" and exits 0. `kube-proxy trace` runs
-//! `trace_cli` instead.
+//! Parses, loads and validates the configuration, then runs the proxy as a service
+//! (`kube_proxy::service`); `--cleanup` and `--init-only` do their one step and exit.
+//! `kube-proxy trace` runs `trace_cli` instead.
 
 use std::process::ExitCode;
 
@@ -10,6 +10,7 @@ use kube_traffic::config::layers;
 use kube_traffic::kube_proxy::config::load::{self, WriteFormat};
 use kube_traffic::kube_proxy::config::print_flags;
 use kube_traffic::kube_proxy::config::ProxyConfig;
+use kube_traffic::kube_proxy;
 use kube_traffic::kube_proxy::trace_cli;
 
 // jemalloc (see src/allocator.rs), installed by the binary as the other programs do.
@@ -91,6 +92,31 @@ fn start() -> ExitCode {
     if options.check_config {
         return cli::check_result(options.config.as_deref(), Ok(()));
     }
-    println!("configuration valid");
-    ExitCode::SUCCESS
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(format_args!("cannot start the async runtime: {e}")),
+    };
+    let config_file = options.config.clone();
+    let result = runtime.block_on(async move {
+        if config.cleanup {
+            return if kube_proxy::node_service::cleanup(&config).await {
+                Ok(())
+            } else {
+                Err(kube_proxy::run::RunError::Fatal("encountered an error while tearing down rules".into()))
+            };
+        }
+        kube_proxy::node_service::prepare(&config).await?;
+        if config.init_only {
+            tracing::info!("System initialized and --init-only specified");
+            return Ok(());
+        }
+        kube_proxy::service::run_service(cli, config_file, config).await
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(e),
+    }
 }

@@ -1,7 +1,8 @@
 //! The proxy, wired: the API client and watches, the change trackers, one proxier and runner
 //! per family, the health-check node ports, conntrack, the healthz and metrics ports. Upstream's
-//! start-up order: the conntrack sysctls, the node's addresses (waiting up to 30 s for the Node),
-//! the ports, the watches; no sync before Services and EndpointSlices have both been listed.
+//! start-up order, after the privileged set-up (`node_service::prepare`): the node's addresses
+//! (waiting up to 30 s for the Node), the ports, the watches; no sync before Services and
+//! EndpointSlices have both been listed.
 //!
 //! Stopping leaves every rule in the kernel: traffic keeps flowing while the proxy is away.
 
@@ -200,9 +201,13 @@ impl RunningProxy {
         self.shared.swap_config(config);
         let _ = self.config_tx.send(self.shared.config());
         let mut ports = self.ports.lock().await;
+        let Ports {
+            healthz: held_healthz,
+            metrics: held_metrics,
+        } = &mut *ports;
         for (port, want, held) in [
-            (Port::Healthz, healthz, &mut ports.healthz),
-            (Port::Metrics, metrics, &mut ports.metrics),
+            (Port::Healthz, healthz, held_healthz),
+            (Port::Metrics, metrics, held_metrics),
         ] {
             if held.as_ref().map(|(a, _)| *a) == want {
                 continue;
@@ -244,7 +249,6 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     let node_name = node_name(&config)?;
     let families = families();
     let nft = Nft::find(None).await?;
-    sysctls::set_sysctls(&conntrack_settings(&config), &sysctls::KernelRoots::default())?;
     let kube_config = kube_client::config(config.client.kubeconfig.as_deref(), config.client.master.as_deref().unwrap_or("")).await?;
     let client = kube_client::client(kube_config, config.client.qps, i64::from(config.client.burst))?;
 

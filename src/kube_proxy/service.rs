@@ -76,9 +76,14 @@ async fn reload(cli: &CommandLine<KubeProxyOptions>, proxy: &RunningProxy, gener
 
 /// Runs until SIGTERM or SIGINT (exit 0; the rules stay), or until the node changes in a way
 /// that needs a new process (an error, exit 1, as upstream).
-pub async fn run_service(cli: CommandLine<KubeProxyOptions>, config: ProxyConfig) -> Result<(), RunError> {
+/// `config_file` is the file the configuration was read from (watched for changes).
+pub async fn run_service(
+    cli: CommandLine<KubeProxyOptions>,
+    config_file: Option<std::path::PathBuf>,
+    config: ProxyConfig,
+) -> Result<(), RunError> {
     let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT]).map_err(|e| RunError::Fatal(format!("signals: {e}")))?;
-    let files: Vec<std::path::PathBuf> = cli.options.config_file().into_iter().collect();
+    let files: Vec<std::path::PathBuf> = config_file.into_iter().collect();
     let proxy = run::start(config).await?;
     let shared = proxy.shared.clone();
     let stop = CancellationToken::new();
@@ -101,13 +106,10 @@ pub async fn run_service(cli: CommandLine<KubeProxyOptions>, config: ProxyConfig
     }
     // The watchdog is pinged only while the syncs are healthy.
     {
-        let shared = shared.clone();
+        let (for_status, for_health) = (shared.clone(), shared.clone());
         systemd::spawn_heartbeat_when(
-            move || shared.status_line(),
-            {
-                let shared = shared.clone();
-                move || shared.health.healthy()
-            },
+            move || for_status.status_line(),
+            move || for_health.health.healthy(),
             stop.clone(),
         );
     }
