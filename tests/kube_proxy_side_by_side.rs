@@ -6,8 +6,8 @@
 //! Service's addresses on both nodes: who answered, which source address the pod saw, refusals
 //! and timeouts must be the same on both sides and what the scenario expects.
 //!
-//! Until our kube-proxy programs a node, the "rs" side runs upstream too ([`RS_SIDE`]), so the
-//! expectations below are upstream's observed behaviour and the harness is exercised.
+//! The "rs" side runs ours ([`RS_SIDE`]); the expectations below are upstream's observed
+//! behaviour, checked on both sides.
 //!
 //! Knobs (environment): `KP_SCENARIOS=a,b` runs only those scenarios; `KP_SIDES=up` runs the
 //! upstream side alone; `KP_RS=ours|upstream` overrides [`RS_SIDE`]; `KP_KEEP=1` keeps the
@@ -25,12 +25,12 @@ use kube_proxy::api::{Ep, Proto::*, Slice, Svc};
 use kube_proxy::harness::{all, artefacts, one_of, p, Harness, KnownDiff, SideSpec};
 use kube_proxy::proxy::Impl;
 
-/// What the "rs" side runs. Flip to `Impl::Ours` once our kube-proxy programs a node.
-const RS_SIDE: Impl = Impl::Upstream;
+/// What the "rs" side runs (`KP_RS=upstream` runs upstream on both, to check the harness).
+const RS_SIDE: Impl = Impl::Ours;
 
-/// Ruleset lines allowed to differ between the sides, each with its reason. Empty: with
-/// upstream on both sides every difference is a harness defect. For ours, add an entry only
-/// for a difference that cannot change what a packet meets.
+/// Ruleset lines allowed to differ between the sides, each with its reason. Empty: the two
+/// proxies' tables are equal in every scenario. Add an entry only for a difference that
+/// cannot change what a packet meets.
 const KNOWN_DIFFERENCES: &[KnownDiff] = &[];
 
 const POD1: &str = "10.244.1.2";

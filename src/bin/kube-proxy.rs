@@ -7,10 +7,10 @@ use std::process::ExitCode;
 
 use kube_traffic::cli::{self, fail};
 use kube_traffic::config::layers;
+use kube_traffic::kube_proxy;
 use kube_traffic::kube_proxy::config::load::{self, WriteFormat};
 use kube_traffic::kube_proxy::config::print_flags;
 use kube_traffic::kube_proxy::config::ProxyConfig;
-use kube_traffic::kube_proxy;
 use kube_traffic::kube_proxy::trace_cli;
 
 // jemalloc (see src/allocator.rs), installed by the binary as the other programs do.
@@ -105,7 +105,9 @@ fn start() -> ExitCode {
             return if kube_proxy::node_service::cleanup(&config).await {
                 Ok(())
             } else {
-                Err(kube_proxy::run::RunError::Fatal("encountered an error while tearing down rules".into()))
+                Err(kube_proxy::run::RunError::Fatal(
+                    "encountered an error while tearing down rules".into(),
+                ))
             };
         }
         kube_proxy::node_service::prepare(&config).await?;

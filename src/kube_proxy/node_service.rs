@@ -20,7 +20,10 @@ fn oom_score(config: &ProxyConfig) {
 pub async fn prepare(config: &ProxyConfig) -> Result<(), RunError> {
     oom_score(config);
     Nft::find(None).await?;
-    sysctls::set_sysctls(&conntrack_settings(config), &sysctls::KernelRoots::default())?;
+    sysctls::set_sysctls(
+        &conntrack_settings(config),
+        &sysctls::KernelRoots::default(),
+    )?;
     match config.mode {
         ProxyMode::Nftables => {}
         other => tracing::warn!(

@@ -110,7 +110,11 @@ pub fn node_ports(
 }
 
 /// How this family recognises traffic from local pods.
-pub fn local_detector(detect: &DetectLocal, family: IpFamily, node: Option<&NodeInfo>) -> LocalDetector {
+pub fn local_detector(
+    detect: &DetectLocal,
+    family: IpFamily,
+    node: Option<&NodeInfo>,
+) -> LocalDetector {
     let of_family = |nets: &[IpNet]| {
         nets.iter()
             .find(|n| IpFamily::of_net(n) == family)
@@ -118,7 +122,9 @@ pub fn local_detector(detect: &DetectLocal, family: IpFamily, node: Option<&Node
     };
     match detect {
         DetectLocal::ClusterCidr(cidrs) => of_family(cidrs),
-        DetectLocal::NodeCidr => of_family(node.map(|n| n.pod_cidrs.as_slice()).unwrap_or_default()),
+        DetectLocal::NodeCidr => {
+            of_family(node.map(|n| n.pod_cidrs.as_slice()).unwrap_or_default())
+        }
         DetectLocal::BridgeInterface(name) => LocalDetector::Interface(name.clone()),
         DetectLocal::InterfaceNamePrefix(prefix) => LocalDetector::InterfacePrefix(prefix.clone()),
     }
@@ -177,20 +183,42 @@ mod tests {
 
     #[test]
     fn nodeport_addresses_expand_as_upstreams() {
-        let ips = NodeIps::detect(Some(&node(&["10.0.0.1", "fd00::1"])), IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+        let ips = NodeIps::detect(
+            Some(&node(&["10.0.0.1", "fd00::1"])),
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        );
         let local: Vec<IpAddr> = ["10.0.0.1", "10.1.0.1", "127.0.0.1", "fd00::1", "::1"]
             .iter()
             .map(|i| i.parse().unwrap())
             .collect();
-        let addrs = |v: &[&str]| NodePorts::Addresses(v.iter().map(|i| i.parse().unwrap()).collect());
-        assert_eq!(node_ports(&[NodePortAddress::Primary], IpFamily::V4, &ips, &local), addrs(&["10.0.0.1"]));
-        assert_eq!(node_ports(&[NodePortAddress::Primary], IpFamily::V6, &ips, &local), addrs(&["fd00::1"]));
-        assert_eq!(node_ports(&[NodePortAddress::All], IpFamily::V4, &ips, &local), NodePorts::All);
+        let addrs =
+            |v: &[&str]| NodePorts::Addresses(v.iter().map(|i| i.parse().unwrap()).collect());
+        assert_eq!(
+            node_ports(&[NodePortAddress::Primary], IpFamily::V4, &ips, &local),
+            addrs(&["10.0.0.1"])
+        );
+        assert_eq!(
+            node_ports(&[NodePortAddress::Primary], IpFamily::V6, &ips, &local),
+            addrs(&["fd00::1"])
+        );
+        assert_eq!(
+            node_ports(&[NodePortAddress::All], IpFamily::V4, &ips, &local),
+            NodePorts::All
+        );
         assert_eq!(node_ports(&[], IpFamily::V4, &ips, &local), NodePorts::All);
         let cidr = |s: &str| NodePortAddress::Cidr(s.parse().unwrap());
-        assert_eq!(node_ports(&[cidr("10.0.0.0/8")], IpFamily::V4, &ips, &local), addrs(&["10.0.0.1", "10.1.0.1"]));
+        assert_eq!(
+            node_ports(&[cidr("10.0.0.0/8")], IpFamily::V4, &ips, &local),
+            addrs(&["10.0.0.1", "10.1.0.1"])
+        );
         // No prefix of this family: every address of it.
-        assert_eq!(node_ports(&[cidr("10.0.0.0/8")], IpFamily::V6, &ips, &local), NodePorts::All);
-        assert_eq!(node_ports(&[NodePortAddress::Localhost], IpFamily::V4, &ips, &local), addrs(&["127.0.0.1"]));
+        assert_eq!(
+            node_ports(&[cidr("10.0.0.0/8")], IpFamily::V6, &ips, &local),
+            NodePorts::All
+        );
+        assert_eq!(
+            node_ports(&[NodePortAddress::Localhost], IpFamily::V4, &ips, &local),
+            addrs(&["127.0.0.1"])
+        );
     }
 }

@@ -97,14 +97,20 @@ struct NodeAfterSync {
 
 impl AfterSync for NodeAfterSync {
     fn clean_conntrack(&mut self, family: IpFamily, wants: &NodeWants) {
-        let run = || conntrack::clean_stale(family, &wants.services, &wants.endpoints, &self.conntrack);
+        let run =
+            || conntrack::clean_stale(family, &wants.services, &wants.endpoints, &self.conntrack);
         // A netlink dump: off the runtime's scheduling (the other tasks keep running).
         let result = match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
             Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(run),
             _ => run(),
         };
         if let Ok(cleaned) = result {
-            tracing::info!(v = 4, ipFamily = family.api(), deleted = cleaned.deleted, "Finished reconciling conntrack entries");
+            tracing::info!(
+                v = 4,
+                ipFamily = family.api(),
+                deleted = cleaned.deleted,
+                "Finished reconciling conntrack entries"
+            );
         }
     }
 
@@ -120,7 +126,9 @@ struct FamilyRun {
 }
 
 impl runner::SyncTarget for FamilyRun {
-    fn sync(&mut self) -> impl std::future::Future<Output = super::proxier::SyncOutcome> + Send + '_ {
+    fn sync(
+        &mut self,
+    ) -> impl std::future::Future<Output = super::proxier::SyncOutcome> + Send + '_ {
         if self.settings.has_changed().unwrap_or(false) {
             let s = self.settings.borrow_and_update().clone();
             self.proxier.set_settings(s);
@@ -192,7 +200,10 @@ impl RunningProxy {
     pub async fn apply(&self, config: ProxyConfig) {
         let old = self.shared.config();
         if config.conntrack != old.conntrack {
-            if let Err(e) = sysctls::set_sysctls(&conntrack_settings(&config), &sysctls::KernelRoots::default()) {
+            if let Err(e) = sysctls::set_sysctls(
+                &conntrack_settings(&config),
+                &sysctls::KernelRoots::default(),
+            ) {
                 tracing::error!(error = %e, "Failed to set the conntrack sysctls");
             }
         }
@@ -249,8 +260,16 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     let node_name = node_name(&config)?;
     let families = families();
     let nft = Nft::find(None).await?;
-    let kube_config = kube_client::config(config.client.kubeconfig.as_deref(), config.client.master.as_deref().unwrap_or("")).await?;
-    let client = kube_client::client(kube_config, config.client.qps, i64::from(config.client.burst))?;
+    let kube_config = kube_client::config(
+        config.client.kubeconfig.as_deref(),
+        config.client.master.as_deref().unwrap_or(""),
+    )
+    .await?;
+    let client = kube_client::client(
+        kube_config,
+        config.client.qps,
+        i64::from(config.client.burst),
+    )?;
 
     let metrics = Arc::new(ProxyMetrics::new());
     let conntrack_metrics = Arc::new(
@@ -278,7 +297,13 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
 
     // The Node: its addresses decide the node IPs; wait for them as upstream does.
     let (node_tx, mut node_rx) = watch::channel(None::<NodeInfo>);
-    tasks.spawn(watches::node(client.clone(), node_name.clone(), node_tx, problems.clone(), stop.clone()));
+    tasks.spawn(watches::node(
+        client.clone(),
+        node_name.clone(),
+        node_tx,
+        problems.clone(),
+        stop.clone(),
+    ));
     let node = wait_for_node(&mut node_rx).await;
     if node.as_ref().is_none_or(|n| n.ips.is_empty()) {
         tracing::error!(node = %node_name, "Can't get Node's IPs, proxying on loopback; if this is incorrect, check the Node object or set --bind-address");
@@ -286,11 +311,17 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     let ips = NodeIps::detect(node.as_ref(), config.bind_address);
     tracing::info!(ipFamily = ips.primary.api(), nodeIP = %ips.primary_ip(), "Detected node IP");
     if families.len() == 2 {
-        tracing::info!("kube-proxy running in dual-stack mode primary ipFamily={}", ips.primary.api());
+        tracing::info!(
+            "kube-proxy running in dual-stack mode primary ipFamily={}",
+            ips.primary.api()
+        );
     }
     if let DetectLocal::NodeCidr = config.detect_local {
         if node.as_ref().is_none_or(|n| n.pod_cidrs.is_empty()) {
-            return Err(RunError::Fatal("timeout waiting for PodCIDR allocation to configure detect-local-mode NodeCIDR".into()));
+            return Err(RunError::Fatal(
+                "timeout waiting for PodCIDR allocation to configure detect-local-mode NodeCIDR"
+                    .into(),
+            ));
         }
     }
     health.set_node_eligible(node.as_ref().is_some_and(|n| !n.leaving));
@@ -298,15 +329,47 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     // The ports.
     let hard = config.bind_address_hard_fail;
     let ports = Ports {
-        healthz: serve_port(Port::Healthz, config.healthz_addr, &shared, &tasks, &stop, hard).await?,
-        metrics: serve_port(Port::Metrics, config.metrics_addr, &shared, &tasks, &stop, hard).await?,
+        healthz: serve_port(
+            Port::Healthz,
+            config.healthz_addr,
+            &shared,
+            &tasks,
+            &stop,
+            hard,
+        )
+        .await?,
+        metrics: serve_port(
+            Port::Metrics,
+            config.metrics_addr,
+            &shared,
+            &tasks,
+            &stop,
+            hard,
+        )
+        .await?,
     };
 
     // The watches.
     let (cidr_tx, cidr_rx) = watch::channel(Vec::<IpNet>::new());
-    tasks.spawn(watches::service_cidrs(client.clone(), cidr_tx, problems.clone(), stop.clone()));
-    tasks.spawn(watches::services(client.clone(), store.clone(), problems.clone(), stop.clone()));
-    tasks.spawn(watches::endpoint_slices(client.clone(), store.clone(), node_name.clone(), problems.clone(), stop.clone()));
+    tasks.spawn(watches::service_cidrs(
+        client.clone(),
+        cidr_tx,
+        problems.clone(),
+        stop.clone(),
+    ));
+    tasks.spawn(watches::services(
+        client.clone(),
+        store.clone(),
+        problems.clone(),
+        stop.clone(),
+    ));
+    tasks.spawn(watches::endpoint_slices(
+        client.clone(),
+        store.clone(),
+        node_name.clone(),
+        problems.clone(),
+        stop.clone(),
+    ));
 
     // One proxier and runner per family, and the settings they are fed.
     let (config_tx, config_rx) = watch::channel(Arc::new(config.clone()));
@@ -321,13 +384,28 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     for (family, status) in statuses {
         let settings = inputs.settings(family);
         let after = NodeAfterSync {
-            health_checks: ServiceHealth::new(family, &settings.node_ports, health.clone(), tasks.clone()),
+            health_checks: ServiceHealth::new(
+                family,
+                &settings.node_ports,
+                health.clone(),
+                tasks.clone(),
+            ),
             conntrack: conntrack_metrics.clone(),
         };
         let (settings_tx, settings_rx) = watch::channel(settings.clone());
         settings_txs.push((family, settings_tx));
-        let proxier = Proxier::new(settings, nft.clone(), store.clone(), metrics.clone(), health.clone(), Box::new(after), status);
-        let waker = store.waker(family).ok_or_else(|| RunError::Fatal(format!("no waker for {family}")))?;
+        let proxier = Proxier::new(
+            settings,
+            nft.clone(),
+            store.clone(),
+            metrics.clone(),
+            health.clone(),
+            Box::new(after),
+            status,
+        );
+        let waker = store
+            .waker(family)
+            .ok_or_else(|| RunError::Fatal(format!("no waker for {family}")))?;
         let shared_for_intervals = shared.clone();
         let intervals = move || {
             let c = shared_for_intervals.config();
@@ -437,9 +515,14 @@ fn node_fatal(
         return Some("the Node was deleted".into());
     };
     if !first.is_empty() && now.ips != first {
-        return Some(format!("the Node's IPs changed from {first:?} to {:?}", now.ips));
+        return Some(format!(
+            "the Node's IPs changed from {first:?} to {:?}",
+            now.ips
+        ));
     }
-    if matches!(config.detect_local, DetectLocal::NodeCidr) && Some(now.pod_cidrs.as_slice()) != first_pod_cidrs {
+    if matches!(config.detect_local, DetectLocal::NodeCidr)
+        && Some(now.pod_cidrs.as_slice()) != first_pod_cidrs
+    {
         return Some("the Node's pod CIDRs changed".into());
     }
     None

@@ -119,15 +119,23 @@ pub async fn serve(
                 }
                 match super::service_health::bind(addr) {
                     Ok(l) => break l,
-                    Err(e) => tracing::error!(error = %e, address = %addr, "Failed to start {what}"),
+                    Err(e) => {
+                        tracing::error!(error = %e, address = %addr, "Failed to start {what}")
+                    }
                 }
             },
         };
         tracing::info!(v = 3, address = %addr, "Starting {what}");
-        serve_http1(&tasks_inner, listener, stop, what, move |req: Request<Incoming>| {
-            let shared = shared.clone();
-            async move { route(port, &shared, &req) }
-        });
+        serve_http1(
+            &tasks_inner,
+            listener,
+            stop,
+            what,
+            move |req: Request<Incoming>| {
+                let shared = shared.clone();
+                async move { route(port, &shared, &req) }
+            },
+        );
     });
     Ok(())
 }

@@ -28,7 +28,8 @@ fn keep_restart_only(new: &mut ProxyConfig, running: &ProxyConfig) -> Vec<&'stat
         kept.push("mode");
     }
     if new.node_name_override != running.node_name_override {
-        new.node_name_override.clone_from(&running.node_name_override);
+        new.node_name_override
+            .clone_from(&running.node_name_override);
         kept.push("hostnameOverride");
     }
     if new.client != running.client {
@@ -46,14 +47,22 @@ fn keep_restart_only(new: &mut ProxyConfig, running: &ProxyConfig) -> Vec<&'stat
     kept
 }
 
-fn rebuild(cli: &CommandLine<KubeProxyOptions>, running: &ProxyConfig) -> Result<(ProxyConfig, Vec<&'static str>), String> {
+fn rebuild(
+    cli: &CommandLine<KubeProxyOptions>,
+    running: &ProxyConfig,
+) -> Result<(ProxyConfig, Vec<&'static str>), String> {
     let options = load::load(cli).map_err(|e| e.to_string())?;
     let mut config = ProxyConfig::from_options(&options).map_err(|e| e.to_string())?;
     let kept = keep_restart_only(&mut config, running);
     Ok((config, kept))
 }
 
-async fn reload(cli: &CommandLine<KubeProxyOptions>, proxy: &RunningProxy, generation: &mut u64, trigger: &str) {
+async fn reload(
+    cli: &CommandLine<KubeProxyOptions>,
+    proxy: &RunningProxy,
+    generation: &mut u64,
+    trigger: &str,
+) {
     systemd::reloading();
     let running = proxy.shared.config();
     match rebuild(cli, &running) {
@@ -61,10 +70,18 @@ async fn reload(cli: &CommandLine<KubeProxyOptions>, proxy: &RunningProxy, gener
             *generation += 1;
             logging::set_verbosity(config.logging.verbosity, &config.logging.vmodule);
             for setting in kept {
-                tracing::warn!(reload_generation = *generation, setting, "this setting changed but needs a restart; keeping the running value");
+                tracing::warn!(
+                    reload_generation = *generation,
+                    setting,
+                    "this setting changed but needs a restart; keeping the running value"
+                );
             }
             proxy.apply(config).await;
-            tracing::info!(reload_generation = *generation, trigger, "configuration reloaded");
+            tracing::info!(
+                reload_generation = *generation,
+                trigger,
+                "configuration reloaded"
+            );
             systemd::ready(&proxy.shared.status_line());
         }
         Err(cause) => {
@@ -82,7 +99,8 @@ pub async fn run_service(
     config_file: Option<std::path::PathBuf>,
     config: ProxyConfig,
 ) -> Result<(), RunError> {
-    let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT]).map_err(|e| RunError::Fatal(format!("signals: {e}")))?;
+    let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT])
+        .map_err(|e| RunError::Fatal(format!("signals: {e}")))?;
     let files: Vec<std::path::PathBuf> = config_file.into_iter().collect();
     let proxy = run::start(config).await?;
     let shared = proxy.shared.clone();

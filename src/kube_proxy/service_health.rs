@@ -60,7 +60,12 @@ fn respond(service: &ServiceName, endpoints: usize, healthy: bool) -> Response<F
 }
 
 impl ServiceHealth {
-    pub fn new(family: IpFamily, node_ports: &NodePorts, health: Arc<ProxyHealth>, tasks: TaskTracker) -> ServiceHealth {
+    pub fn new(
+        family: IpFamily,
+        node_ports: &NodePorts,
+        health: Arc<ProxyHealth>,
+        tasks: TaskTracker,
+    ) -> ServiceHealth {
         let listen = match node_ports {
             NodePorts::All => vec![match family {
                 IpFamily::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
@@ -81,7 +86,9 @@ impl ServiceHealth {
     /// endpoints) and updates the counts the open ones report.
     pub fn sync(&mut self, checks: &BTreeMap<ServiceName, (u16, usize)>) {
         self.services.retain(|name, instance| {
-            let keep = checks.get(name).is_some_and(|(port, _)| *port == instance.port);
+            let keep = checks
+                .get(name)
+                .is_some_and(|(port, _)| *port == instance.port);
             if !keep {
                 tracing::info!(v = 2, service = %name, port = instance.port, "Closing healthcheck");
                 instance.stop.cancel();
@@ -118,10 +125,16 @@ impl ServiceHealth {
         }
         for listener in listeners {
             let (name, count, health) = (name.clone(), count.clone(), self.health.clone());
-            serve_http1(&self.tasks, listener, stop.clone(), "a health-check node port", move |_req| {
-                let (name, count, health) = (name.clone(), count.clone(), health.clone());
-                async move { respond(&name, count.load(Ordering::Relaxed), health.healthy()) }
-            });
+            serve_http1(
+                &self.tasks,
+                listener,
+                stop.clone(),
+                "a health-check node port",
+                move |_req| {
+                    let (name, count, health) = (name.clone(), count.clone(), health.clone());
+                    async move { respond(&name, count.load(Ordering::Relaxed), health.healthy()) }
+                },
+            );
         }
         Ok(Instance {
             port,
@@ -169,8 +182,14 @@ mod tests {
             body(&name, 2, true),
             "{\n\t\"service\": {\n\t\t\"namespace\": \"ns1\",\n\t\t\"name\": \"svc1\"\n\t},\n\t\"localEndpoints\": 2,\n\t\"serviceProxyHealthy\": true\n}"
         );
-        assert_eq!(respond(&name, 0, true).status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(respond(&name, 1, false).status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            respond(&name, 0, true).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            respond(&name, 1, false).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         let ok = respond(&name, 3, true);
         assert_eq!(ok.status(), StatusCode::OK);
         assert_eq!(ok.headers()["x-load-balancing-endpoint-weight"], "3");
@@ -188,13 +207,22 @@ mod tests {
             tasks.clone(),
         );
         // A free port, found by binding port 0.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let name = ServiceName::new("ns", "lb");
         sh.sync(&[(name.clone(), (port, 1))].into_iter().collect());
         assert_eq!(sh.open_ports(), [port]);
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        stream.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
         let mut text = String::new();
         stream.read_to_string(&mut text).await.unwrap();
         assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
@@ -202,7 +230,11 @@ mod tests {
         sh.sync(&BTreeMap::new());
         assert!(sh.open_ports().is_empty());
         tasks.close();
-        tokio::time::timeout(std::time::Duration::from_secs(5), tasks.wait()).await.unwrap();
-        assert!(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err());
+        tokio::time::timeout(std::time::Duration::from_secs(5), tasks.wait())
+            .await
+            .unwrap();
+        assert!(tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err());
     }
 }

@@ -51,9 +51,10 @@ impl ProxyShared {
     /// Whether every family has put its rules into the kernel once.
     pub fn programmed(&self) -> bool {
         !self.families.is_empty()
-            && self.families.iter().all(|(_, s)| {
-                s.lock().unwrap_or_else(|p| p.into_inner()).programmed
-            })
+            && self
+                .families
+                .iter()
+                .all(|(_, s)| s.lock().unwrap_or_else(|p| p.into_inner()).programmed)
     }
 
     /// `STATUS=` for systemd: Services, endpoints, the last sync.
