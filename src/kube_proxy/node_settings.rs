@@ -9,7 +9,8 @@ pub use super::interfaces::interface_addresses;
 use ipnet::IpNet;
 
 use super::api::node::NodeInfo;
-use super::config::{DetectLocal, NodePortAddress, ProxyConfig};
+use super::config::{DetectLocal, IpvsScheduler, NodePortAddress, ProxyConfig, ProxyMode};
+use super::nft::rule::Pick;
 use super::model::IpFamily;
 use super::ruleset::settings::{LocalDetector, NodePorts, Settings};
 
@@ -155,6 +156,22 @@ pub fn settings(
             .copied()
             .collect(),
         zone: node.and_then(|n| n.zone.clone()),
+        pick: pick(config),
+    }
+}
+
+/// How a port picks among several endpoints: at random, as upstream's nftables and iptables
+/// modes do; in ipvs mode as its scheduler would (every weight is 1 in kube-proxy, so rr and
+/// wrr are round robin; sh and mh hash the client's address).
+pub fn pick(config: &ProxyConfig) -> Pick {
+    match (config.mode, config.ipvs.scheduler) {
+        (ProxyMode::Ipvs, IpvsScheduler::RoundRobin | IpvsScheduler::WeightedRoundRobin) => {
+            Pick::RoundRobin
+        }
+        (ProxyMode::Ipvs, IpvsScheduler::SourceHashing | IpvsScheduler::MaglevHashing) => {
+            Pick::SourceHash
+        }
+        _ => Pick::Random,
     }
 }
 

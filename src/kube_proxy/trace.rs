@@ -398,7 +398,7 @@ impl Tracer<'_> {
                     }
                 }
             }
-            Stmt::NumgenVmap(chains) => {
+            Stmt::PickVmap { chains, .. } => {
                 // Every endpoint a random pick may choose.
                 let base = s.clone();
                 let mut targets = Vec::new();
@@ -415,7 +415,7 @@ impl Tracer<'_> {
                 s.targets.push((*addr, *port));
                 RuleFlow::End(Flow::Accept)
             }
-            Stmt::NumgenDnat(targets) => {
+            Stmt::PickDnat { targets, .. } => {
                 s.targets.extend(targets.iter().copied());
                 RuleFlow::End(Flow::Accept)
             }

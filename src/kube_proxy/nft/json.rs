@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use serde_json::Value;
 
 use super::objects::{BaseChain, ChainType, Hook, Key, SetKind, SetSpec, Verdict, TABLE};
-use super::rule::{AddrField, AddrValue, Rule, Stmt, VmapKey};
+use super::rule::{AddrField, AddrValue, Pick, Rule, Stmt, VmapKey};
 use super::table::{Chain, Element, Set, Table};
 use crate::kube_proxy::model::{IpFamily, Protocol};
 
@@ -314,6 +314,20 @@ fn mark_bits(v: &Value, op: &str) -> Option<u32> {
     }
 }
 
+/// `numgen random|inc mod N` or `jhash <ip> saddr mod N seed 0`: how a rule picks.
+fn pick(key: &Value) -> Option<Pick> {
+    if let Some(numgen) = key.get("numgen") {
+        return match numgen.get("mode")?.as_str()? {
+            "random" => Some(Pick::Random),
+            "inc" => Some(Pick::RoundRobin),
+            _ => None,
+        };
+    }
+    let jhash = key.get("jhash")?;
+    let by_source = addr_field(jhash.get("expr")?)? == AddrField::Saddr;
+    (by_source && jhash.get("seed").and_then(Value::as_u64) == Some(0)).then_some(Pick::SourceHash)
+}
+
 fn statements(exprs: &[Value]) -> Vec<Stmt> {
     exprs
         .iter()
@@ -352,19 +366,16 @@ fn statement(e: &Value) -> Option<Stmt> {
     if let Some(vmap) = e.get("vmap") {
         let key = vmap.get("key")?;
         let data = vmap.get("data")?;
-        if let Some(numgen) = key.get("numgen") {
-            if numgen.get("mode")?.as_str()? != "random" {
-                return None;
-            }
-            let mut targets = Vec::new();
+        if let Some(pick) = pick(key) {
+            let mut chains = Vec::new();
             for pair in data.get("set")?.as_array()? {
                 let pair = pair.as_array()?;
                 match verdict(pair.get(1)?)? {
-                    Verdict::Goto(t) => targets.push(t),
+                    Verdict::Goto(t) => chains.push(t),
                     _ => return None,
                 }
             }
-            return Some(Stmt::NumgenVmap(targets));
+            return Some(Stmt::PickVmap { pick, chains });
         }
         let map = data.as_str()?.strip_prefix('@')?.to_owned();
         let parts = key.get("concat")?.as_array()?;
@@ -390,13 +401,13 @@ fn statement(e: &Value) -> Option<Stmt> {
             });
         }
         let map = addr.get("map")?;
-        map.get("key")?.get("numgen")?;
+        let pick = pick(map.get("key")?)?;
         let mut targets = Vec::new();
         for pair in map.get("data")?.get("set")?.as_array()? {
             let target = pair.as_array()?.get(1)?.get("concat")?.as_array()?;
             targets.push((ip(target.first()?)?, port(target.get(1)?)?));
         }
-        return Some(Stmt::NumgenDnat(targets));
+        return Some(Stmt::PickDnat { pick, targets });
     }
     if let Some(v) = verdict(e) {
         return Some(match v {

@@ -48,6 +48,28 @@ pub enum VmapKey {
     ProtoPort,
 }
 
+/// How a rule picks one of several endpoints for a new connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Pick {
+    /// `numgen random`: uniformly at random (upstream's nftables and iptables modes).
+    #[default]
+    Random,
+    /// `numgen inc`: the next one each time (IPVS's rr and wrr, all weights being 1).
+    RoundRobin,
+    /// `jhash ip saddr ... seed 0x0`: by the client's address (IPVS's sh and mh).
+    SourceHash,
+}
+
+impl Pick {
+    fn render(self, family: IpFamily, n: usize, out: &mut String) {
+        let _ = match self {
+            Pick::Random => write!(out, "numgen random mod {n}"),
+            Pick::RoundRobin => write!(out, "numgen inc mod {n}"),
+            Pick::SourceHash => write!(out, "jhash {} saddr mod {n} seed 0x0", family.nft()),
+        };
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Stmt {
     /// `ct state new`
@@ -88,15 +110,19 @@ pub enum Stmt {
         key: VmapKey,
         map: String,
     },
-    /// `numgen random mod N vmap { 0 : goto <chain> , ... }`
-    NumgenVmap(Vec<String>),
+    /// `numgen random mod N vmap { 0 : goto <chain> , ... }` (or another `Pick`)
+    PickVmap { pick: Pick, chains: Vec<String> },
     /// `dnat to <ip>:<port>`
     Dnat {
         addr: IpAddr,
         port: u16,
     },
-    /// `dnat ip addr . port to numgen random mod N map { 0 : <ip> . <port> , ... }`
-    NumgenDnat(Vec<(IpAddr, u16)>),
+    /// `dnat ip addr . port to numgen random mod N map { 0 : <ip> . <port> , ... }` (or
+    /// another `Pick`)
+    PickDnat {
+        pick: Pick,
+        targets: Vec<(IpAddr, u16)>,
+    },
     Jump(String),
     Goto(String),
     Accept,
@@ -114,9 +140,9 @@ impl Stmt {
         matches!(
             self,
             Stmt::Vmap { .. }
-                | Stmt::NumgenVmap(_)
+                | Stmt::PickVmap { .. }
                 | Stmt::Dnat { .. }
-                | Stmt::NumgenDnat(_)
+                | Stmt::PickDnat { .. }
                 | Stmt::Jump(_)
                 | Stmt::Goto(_)
                 | Stmt::Accept
@@ -258,8 +284,9 @@ fn render_stmt(stmt: &Stmt, family: IpFamily, out: &mut String) {
             }
             let _ = write!(out, " vmap @{map}");
         }
-        Stmt::NumgenVmap(chains) => {
-            let _ = write!(out, "numgen random mod {} vmap {{", chains.len());
+        Stmt::PickVmap { pick, chains } => {
+            pick.render(family, chains.len(), out);
+            out.push_str(" vmap {");
             for (i, chain) in chains.iter().enumerate() {
                 if i > 0 {
                     out.push_str(" ,");
@@ -276,12 +303,10 @@ fn render_stmt(stmt: &Stmt, family: IpFamily, out: &mut String) {
                 let _ = write!(out, "dnat to [{a}]:{port}");
             }
         },
-        Stmt::NumgenDnat(targets) => {
-            let _ = write!(
-                out,
-                "dnat {ip} addr . port to numgen random mod {} map {{",
-                targets.len()
-            );
+        Stmt::PickDnat { pick, targets } => {
+            let _ = write!(out, "dnat {ip} addr . port to ");
+            pick.render(family, targets.len(), out);
+            out.push_str(" map {");
             for (i, (addr, port)) in targets.iter().enumerate() {
                 if i > 0 {
                     out.push_str(" ,");
@@ -356,10 +381,13 @@ mod tests {
             text(
                 vec![
                     Stmt::L4Proto(Protocol::Tcp),
-                    Stmt::NumgenDnat(vec![
-                        ("10.180.0.1".parse().unwrap(), 80),
-                        ("10.180.0.2".parse().unwrap(), 80)
-                    ])
+                    Stmt::PickDnat {
+                        pick: Pick::Random,
+                        targets: vec![
+                            ("10.180.0.1".parse().unwrap(), 80),
+                            ("10.180.0.2".parse().unwrap(), 80)
+                        ]
+                    }
                 ],
                 IpFamily::V4
             ),
@@ -380,13 +408,36 @@ mod tests {
         );
         assert_eq!(
             text(
-                vec![Stmt::NumgenVmap(vec![
-                    "endpoint-a".into(),
-                    "endpoint-b".into()
-                ])],
+                vec![Stmt::PickVmap {
+                    pick: Pick::Random,
+                    chains: vec!["endpoint-a".into(), "endpoint-b".into()]
+                }],
                 IpFamily::V4
             ),
             "numgen random mod 2 vmap { 0 : goto endpoint-a , 1 : goto endpoint-b }"
+        );
+        assert_eq!(
+            text(
+                vec![Stmt::PickVmap {
+                    pick: Pick::SourceHash,
+                    chains: vec!["a".into(), "b".into()]
+                }],
+                IpFamily::V6
+            ),
+            "jhash ip6 saddr mod 2 seed 0x0 vmap { 0 : goto a , 1 : goto b }"
+        );
+        assert_eq!(
+            text(
+                vec![Stmt::PickDnat {
+                    pick: Pick::RoundRobin,
+                    targets: vec![
+                        ("10.0.0.1".parse().unwrap(), 80),
+                        ("10.0.0.2".parse().unwrap(), 80)
+                    ]
+                }],
+                IpFamily::V4
+            ),
+            "dnat ip addr . port to numgen inc mod 2 map { 0 : 10.0.0.1 . 80 , 1 : 10.0.0.2 . 80 }"
         );
         assert_eq!(
             text(

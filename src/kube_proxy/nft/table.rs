@@ -78,7 +78,7 @@ impl Table {
         let in_rules = self.chains.values().flat_map(|c| &c.rules).any(|r| {
             r.stmts.iter().any(|s| match s {
                 Stmt::Jump(c) | Stmt::Goto(c) => c == chain,
-                Stmt::NumgenVmap(targets) => targets.iter().any(|t| t == chain),
+                Stmt::PickVmap { chains, .. } => chains.iter().any(|t| t == chain),
                 _ => false,
             })
         });
@@ -105,7 +105,7 @@ impl Table {
         for stmt in &rule.stmts {
             let targets: Vec<&String> = match stmt {
                 Stmt::Jump(c) | Stmt::Goto(c) => vec![c],
-                Stmt::NumgenVmap(cs) => cs.iter().collect(),
+                Stmt::PickVmap { chains, .. } => chains.iter().collect(),
                 Stmt::NamedCounter(name) if !self.counters.contains(name) => {
                     return Err(ApplyError::NotFound(format!("counter {name}")));
                 }

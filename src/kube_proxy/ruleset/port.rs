@@ -12,7 +12,7 @@ use super::skeleton::{
 use crate::kube_proxy::model::{Endpoint, ServicePort};
 use crate::kube_proxy::nft::names::{endpoint_chain_and_set, truncate_comment, PortChains};
 use crate::kube_proxy::nft::objects::{Key, Verdict};
-use crate::kube_proxy::nft::rule::{AddrField, AddrValue, Rule, Stmt};
+use crate::kube_proxy::nft::rule::{AddrField, AddrValue, Pick, Rule, Stmt};
 use crate::kube_proxy::topology::{categorize, Categorized};
 
 /// One element a port wants in one of the table's sets or maps.
@@ -316,20 +316,20 @@ pub fn render_port(
     match affinity {
         None => {
             if uses_cluster_chain {
-                let rule = dnat_rule(port, &cluster);
+                let rule = dnat_rule(port, &cluster, settings.pick);
                 out.rule(&names.cluster, rule);
             }
             if uses_local_chain {
-                let rule = dnat_rule(port, &local);
+                let rule = dnat_rule(port, &local, settings.pick);
                 out.rule(&names.local, rule);
             }
         }
         Some(_) => {
             if uses_cluster_chain {
-                affinity_jumps(&mut out, port, &names.cluster, &cluster);
+                affinity_jumps(&mut out, port, &names.cluster, &cluster, settings.pick);
             }
             if uses_local_chain {
-                affinity_jumps(&mut out, port, &names.local, &local);
+                affinity_jumps(&mut out, port, &names.local, &local, settings.pick);
             }
             for (chain, set, ep) in endpoint_chains {
                 out.rule(&chain, Rule::new(vec![Stmt::UpdateSaddr(set)]));
@@ -350,7 +350,7 @@ pub fn render_port(
 }
 
 /// `meta l4proto P dnat to IP:port` for one endpoint, a random pick among several.
-fn dnat_rule(port: &ServicePort, endpoints: &[&Endpoint]) -> Rule {
+fn dnat_rule(port: &ServicePort, endpoints: &[&Endpoint], pick: Pick) -> Rule {
     let proto = Stmt::L4Proto(port.protocol());
     match endpoints {
         [one] => Rule::new(vec![
@@ -362,14 +362,23 @@ fn dnat_rule(port: &ServicePort, endpoints: &[&Endpoint]) -> Rule {
         ]),
         many => Rule::new(vec![
             proto,
-            Stmt::NumgenDnat(many.iter().map(|ep| (ep.ip, ep.port)).collect()),
+            Stmt::PickDnat {
+                pick,
+                targets: many.iter().map(|ep| (ep.ip, ep.port)).collect(),
+            },
         ]),
     }
 }
 
 /// With ClientIP affinity: a source seen before goes to its endpoint again; any other picks
 /// one at random.
-fn affinity_jumps(out: &mut PortRules, port: &ServicePort, chain: &str, endpoints: &[&Endpoint]) {
+fn affinity_jumps(
+    out: &mut PortRules,
+    port: &ServicePort,
+    chain: &str,
+    endpoints: &[&Endpoint],
+    pick: Pick,
+) {
     let mut targets = Vec::with_capacity(endpoints.len());
     for ep in endpoints {
         let (ep_chain, set) = endpoint_chain_and_set(&port.name, ep);
@@ -386,7 +395,13 @@ fn affinity_jumps(out: &mut PortRules, port: &ServicePort, chain: &str, endpoint
         );
         targets.push(ep_chain);
     }
-    out.rule(chain, Rule::new(vec![Stmt::NumgenVmap(targets)]));
+    out.rule(
+        chain,
+        Rule::new(vec![Stmt::PickVmap {
+            pick,
+            chains: targets,
+        }]),
+    );
 }
 
 /// The match for traffic from (or, negated, not from) this node's pods; `None` when local

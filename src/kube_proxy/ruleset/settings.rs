@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::kube_proxy::model::IpFamily;
+use crate::kube_proxy::nft::rule::Pick;
 
 /// How traffic from this node's pods is recognised (`--detect-local-mode`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +49,9 @@ pub struct Settings {
     pub service_cidrs: Vec<IpNet>,
     /// The node's `topology.kubernetes.io/zone` label, for zone topology hints.
     pub zone: Option<String>,
+    /// How a port with several endpoints picks one (random, as upstream's nftables mode;
+    /// the IPVS schedulers' equivalents in ipvs mode).
+    pub pick: Pick,
 }
 
 impl Settings {
@@ -68,6 +72,7 @@ impl Settings {
             node_ports: NodePorts::Addresses(vec![node_ip]),
             service_cidrs: vec![svc.parse().expect("a literal prefix")],
             zone: None,
+            pick: Pick::Random,
         }
     }
 }

@@ -10,6 +10,7 @@ mod external;
 mod local_policy;
 mod masquerade;
 mod node_port;
+mod pick;
 
 use std::net::IpAddr;
 
@@ -55,6 +56,7 @@ pub fn suites(family: IpFamily) -> Vec<Suite> {
     all.push(local_policy::internal_local(&net));
     all.push(local_policy::terminating(&net));
     all.extend(masquerade::suites(&net));
+    all.extend(pick::suites(&net));
     all
 }
 
