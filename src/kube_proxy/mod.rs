@@ -19,6 +19,8 @@ pub mod api;
 pub mod cleanup;
 pub mod config;
 pub mod conntrack;
+pub mod events;
+pub mod forward_accept;
 pub mod healthz;
 pub mod interfaces;
 pub mod metrics;

@@ -4,6 +4,8 @@
 
 use super::cleanup;
 use super::config::{ProxyConfig, ProxyMode};
+use super::forward_accept;
+use super::model::IpFamily;
 use super::nft::exec::Nft;
 use super::run::{conntrack_settings, RunError};
 use crate::kube_proxy::conntrack::sysctls;
@@ -24,19 +26,30 @@ pub async fn prepare(config: &ProxyConfig) -> Result<(), RunError> {
         &conntrack_settings(config),
         &sysctls::KernelRoots::default(),
     )?;
-    match config.mode {
-        ProxyMode::Nftables => {}
-        other => tracing::warn!(
-            mode = other.name(),
-            "this proxy serves the {} mode with its nftables dataplane (see the README's table of differences)",
-            other.name()
-        ),
-    }
-    // Leftovers of upstream's iptables and ipvs modes (best effort, as upstream).
+    // Leftovers of upstream's iptables and ipvs modes (best effort, as upstream): their
+    // rules would translate the same packets as ours.
     if !cleanup::iptables_leftovers().await {
         tracing::info!("some iptables leftovers could not be removed");
     }
     cleanup::ipvs_leftovers(&config.ipvs.exclude_cidrs).await;
+    if config.mode != ProxyMode::Nftables {
+        // What those modes do for the node beyond their rules.
+        let mark = 1u32 << config.masquerade_bit.min(31);
+        forward_accept::ensure(mark, config.conntrack.tcp_be_liberal).await;
+        let nodes = super::node_settings::NodeIps::detect(None, config.bind_address);
+        let ports = super::node_settings::node_ports(
+            &config.node_port_addresses,
+            IpFamily::V4,
+            &nodes,
+            &super::interfaces::interface_addresses(),
+        );
+        if super::node_settings::localhost_node_ports(config, IpFamily::V4, &ports) {
+            tracing::info!("Setting route_localnet=1 to allow node-ports on localhost; to change this either disable iptables.localhostNodePorts (--iptables-localhost-nodeports) or set nodePortAddresses (--nodeport-addresses) to filter loopback addresses");
+            if let Err(e) = std::fs::write("/proc/sys/net/ipv4/conf/all/route_localnet", "1") {
+                return Err(RunError::Fatal(format!("setting route_localnet: {e}")));
+            }
+        }
+    }
     Ok(())
 }
 

@@ -10,8 +10,8 @@ use ipnet::IpNet;
 
 use super::api::node::NodeInfo;
 use super::config::{DetectLocal, IpvsScheduler, NodePortAddress, ProxyConfig, ProxyMode};
-use super::nft::rule::Pick;
 use super::model::IpFamily;
+use super::nft::rule::Pick;
 use super::ruleset::settings::{LocalDetector, NodePorts, Settings};
 
 /// The node's addresses of each family, as upstream picks them: `--bind-address` when it is
@@ -142,6 +142,7 @@ pub fn settings(
 ) -> Settings {
     let ips = NodeIps::detect(node, config.bind_address);
     let node_ip = ips.of(family);
+    let node_ports = node_ports(&config.node_port_addresses, family, &ips, local);
     Settings {
         family,
         node_name: node_name.to_owned(),
@@ -149,7 +150,8 @@ pub fn settings(
         mark: 1u32 << config.masquerade_bit.min(31),
         masquerade_all: config.masquerade_all,
         local_detector: local_detector(&config.detect_local, family, node),
-        node_ports: node_ports(&config.node_port_addresses, family, &ips, local),
+        localhost_node_ports: localhost_node_ports(config, family, &node_ports),
+        node_ports,
         service_cidrs: service_cidrs
             .iter()
             .filter(|c| IpFamily::of_net(c) == family)
@@ -158,6 +160,23 @@ pub fn settings(
         zone: node.and_then(|n| n.zone.clone()),
         pick: pick(config),
     }
+}
+
+/// iptables mode answers NodePorts on 127.0.0.1 (IPv4 only, with route_localnet) unless
+/// `--iptables-localhost-nodeports=false` or the NodePort addresses leave loopback out.
+pub fn localhost_node_ports(
+    config: &ProxyConfig,
+    family: IpFamily,
+    node_ports: &NodePorts,
+) -> bool {
+    let covers_loopback = match node_ports {
+        NodePorts::All => true,
+        NodePorts::Addresses(ips) => ips.iter().any(IpAddr::is_loopback),
+    };
+    config.mode == ProxyMode::Iptables
+        && config.iptables_localhost_node_ports
+        && family == IpFamily::V4
+        && covers_loopback
 }
 
 /// How a port picks among several endpoints: at random, as upstream's nftables and iptables

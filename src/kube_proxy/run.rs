@@ -271,6 +271,7 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
         i64::from(config.client.burst),
     )?;
 
+    announce(&client, &node_name, &config).await;
     let metrics = Arc::new(ProxyMetrics::new());
     let conntrack_metrics = Arc::new(
         ConntrackMetrics::register(metrics.registry())
@@ -486,6 +487,46 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
         config_tx,
         ports: tokio::sync::Mutex::new(ports),
     })
+}
+
+/// The Events upstream posts at start, and one saying what serves the mode asked for.
+async fn announce(client: &kube::Client, node_name: &str, config: &ProxyConfig) {
+    use super::events::{post, Note};
+    post(
+        client,
+        node_name,
+        Note {
+            warning: false,
+            reason: "Starting",
+            action: "StartKubeProxy",
+            note: "",
+        },
+    )
+    .await;
+    let mode = config.mode.name();
+    let note = match config.mode {
+        super::config::ProxyMode::Nftables => return,
+        super::config::ProxyMode::Iptables => format!(
+            "the {mode} mode is served by nftables rules (table ip kube-proxy and ip6 kube-proxy): `iptables -t nat -L` shows no Service rules; use `nft list table ip kube-proxy` or `kube-proxy trace`"
+        ),
+        super::config::ProxyMode::Ipvs => format!(
+            "the {mode} mode is served by nftables rules (scheduler {} as {:?}): `ipvsadm -Ln` shows no virtual servers; use `nft list table ip kube-proxy` or `kube-proxy trace`",
+            config.ipvs.scheduler.name(),
+            super::node_settings::pick(config)
+        ),
+    };
+    tracing::warn!("{note}");
+    post(
+        client,
+        node_name,
+        Note {
+            warning: true,
+            reason: "ProxyModeServedByNftables",
+            action: "StartKubeProxy",
+            note: &note,
+        },
+    )
+    .await;
 }
 
 async fn wait_for_node(rx: &mut watch::Receiver<Option<NodeInfo>>) -> Option<NodeInfo> {

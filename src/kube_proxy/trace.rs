@@ -191,7 +191,7 @@ pub fn trace(table: &Table, node: &NodeAddrs, packet: &Packet) -> Outcome {
         path: Vec::new(),
         unknown: Vec::new(),
     };
-    let from_host = node.local.contains(&packet.src);
+    let from_host = packet.src.is_loopback() || node.local.contains(&packet.src);
     let (pre_dnat, nat) = if from_host {
         (FILTER_OUTPUT_PRE_DNAT, NAT_OUTPUT)
     } else {

@@ -111,7 +111,10 @@ pub enum Stmt {
         map: String,
     },
     /// `numgen random mod N vmap { 0 : goto <chain> , ... }` (or another `Pick`)
-    PickVmap { pick: Pick, chains: Vec<String> },
+    PickVmap {
+        pick: Pick,
+        chains: Vec<String>,
+    },
     /// `dnat to <ip>:<port>`
     Dnat {
         addr: IpAddr,

@@ -52,6 +52,9 @@ pub struct Settings {
     /// How a port with several endpoints picks one (random, as upstream's nftables mode;
     /// the IPVS schedulers' equivalents in ipvs mode).
     pub pick: Pick,
+    /// NodePorts answer on 127.0.0.1 too (iptables mode's `--iptables-localhost-nodeports`,
+    /// IPv4 only, when the NodePort addresses cover loopback).
+    pub localhost_node_ports: bool,
 }
 
 impl Settings {
@@ -73,6 +76,7 @@ impl Settings {
             service_cidrs: vec![svc.parse().expect("a literal prefix")],
             zone: None,
             pick: Pick::Random,
+            localhost_node_ports: false,
         }
     }
 }

@@ -227,7 +227,8 @@ pub fn write(settings: &Settings, first: bool, tx: &mut Transaction) {
         NodePorts::All => tx.delete(Object::set_named(SetKind::Set, NODEPORT_IPS)),
         NodePorts::Addresses(ips) => {
             tx.flush(Object::set_named(SetKind::Set, NODEPORT_IPS));
-            for ip in ips.iter().filter(|ip| !ip.is_loopback()) {
+            let localhost = settings.localhost_node_ports;
+            for ip in ips.iter().filter(|ip| localhost || !ip.is_loopback()) {
                 tx.add(Object::Element {
                     set: NODEPORT_IPS.into(),
                     key: crate::kube_proxy::nft::objects::Key::Addr(*ip),
@@ -264,20 +265,16 @@ pub fn write(settings: &Settings, first: bool, tx: &mut Transaction) {
             map: NO_ENDPOINT_SERVICES.into(),
         }]),
     );
-    let nodeport_guard = match settings.node_ports {
-        NodePorts::All => not_loopback(settings),
-        NodePorts::Addresses(_) => daddr_set(NODEPORT_IPS),
+    let mut check = match settings.node_ports {
+        NodePorts::All if settings.localhost_node_ports => vec![],
+        NodePorts::All => vec![not_loopback(settings)],
+        NodePorts::Addresses(_) => vec![daddr_set(NODEPORT_IPS)],
     };
-    tx.add_rule(
-        NODEPORT_ENDPOINTS_CHECK,
-        Rule::new(vec![
-            nodeport_guard.clone(),
-            Stmt::Vmap {
-                key: VmapKey::ProtoPort,
-                map: NO_ENDPOINT_NODEPORTS.into(),
-            },
-        ]),
-    );
+    check.push(Stmt::Vmap {
+        key: VmapKey::ProtoPort,
+        map: NO_ENDPOINT_NODEPORTS.into(),
+    });
+    tx.add_rule(NODEPORT_ENDPOINTS_CHECK, Rule::new(check));
 
     // Localhost NodePorts are an alpha feature upstream, off by default: its map and
     // per-protocol chains and counters are made and removed in the same transaction.
@@ -354,22 +351,15 @@ pub fn write(settings: &Settings, first: bool, tx: &mut Transaction) {
             map: SERVICE_IPS.into(),
         }]),
     );
-    let nodeport_dispatch = match settings.node_ports {
-        NodePorts::All => vec![
-            Stmt::FibLocal(AddrField::Daddr),
-            not_loopback(settings),
-            Stmt::Vmap {
-                key: VmapKey::ProtoPort,
-                map: SERVICE_NODEPORTS.into(),
-            },
-        ],
-        NodePorts::Addresses(_) => vec![
-            daddr_set(NODEPORT_IPS),
-            Stmt::Vmap {
-                key: VmapKey::ProtoPort,
-                map: SERVICE_NODEPORTS.into(),
-            },
-        ],
+    let mut dispatch = match settings.node_ports {
+        // iptables mode's localhost NodePorts: 127.0.0.1 is a local address too.
+        NodePorts::All if settings.localhost_node_ports => vec![Stmt::FibLocal(AddrField::Daddr)],
+        NodePorts::All => vec![Stmt::FibLocal(AddrField::Daddr), not_loopback(settings)],
+        NodePorts::Addresses(_) => vec![daddr_set(NODEPORT_IPS)],
     };
-    tx.add_rule(SERVICES_CHAIN, Rule::new(nodeport_dispatch));
+    dispatch.push(Stmt::Vmap {
+        key: VmapKey::ProtoPort,
+        map: SERVICE_NODEPORTS.into(),
+    });
+    tx.add_rule(SERVICES_CHAIN, Rule::new(dispatch));
 }

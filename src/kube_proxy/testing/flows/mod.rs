@@ -50,6 +50,9 @@ pub fn suites(family: IpFamily) -> Vec<Suite> {
     ];
     all.push(node_port::suite(&net, false));
     all.push(node_port::suite(&net, true));
+    if family == IpFamily::V4 {
+        all.push(node_port::localhost(&net));
+    }
     all.push(external::load_balancer(&net));
     all.push(external::external_ips(&net));
     all.push(local_policy::external_local(&net));

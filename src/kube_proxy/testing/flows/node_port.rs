@@ -7,6 +7,15 @@ use crate::kube_proxy::ruleset::settings::NodePorts;
 use crate::kube_proxy::testing::scenario::{Net, Scenario, READY, READY_LOCAL};
 
 pub fn suite(net: &Net, everywhere: bool) -> Suite {
+    with_localhost(net, everywhere, false)
+}
+
+/// iptables mode's NodePorts: every address, 127.0.0.1 included (IPv4).
+pub fn localhost(net: &Net) -> Suite {
+    with_localhost(net, true, true)
+}
+
+fn with_localhost(net: &Net, everywhere: bool, localhost: bool) -> Suite {
     let mut s = Scenario::default();
     let (ep1, ep2, ep3) = (net.pod(0, 1), net.pod(1, 1), net.pod(1, 2));
     s.service("ns1", "np1", net.svc(41))
@@ -25,6 +34,7 @@ pub fn suite(net: &Net, everywhere: bool) -> Suite {
     if everywhere {
         settings.node_ports = NodePorts::All;
     }
+    settings.localhost_node_ports = localhost;
     let both = || Expect::To(vec![(ep1, 80), (ep2, 80)], true);
     let on_second = |e: Expect| if everywhere { e } else { Expect::Accept };
     let mut c = Cases::new(net);
@@ -124,13 +134,15 @@ pub fn suite(net: &Net, everywhere: bool) -> Suite {
         3999,
         Expect::Accept,
     )
+    // As upstream's iptables mode with route_localnet: a DNATed packet to 127.0.0.1 goes on
+    // (kubelet's "block incoming localnet connections" lets DNATed ones through).
     .add(
         "external to NodePort on loopback",
         net.external_client,
         Tcp,
         net.family.loopback().addr(),
         3001,
-        Expect::Accept,
+        if localhost { both() } else { Expect::Accept },
     )
     .add(
         "external to the ClusterIP of a NodePort Service",
@@ -149,10 +161,10 @@ pub fn suite(net: &Net, everywhere: bool) -> Suite {
         Expect::To(vec![(ep1, 80), (ep2, 80)], false),
     );
     Suite {
-        name: if everywhere {
-            "NodePort on every address"
-        } else {
-            "NodePort on the primary address"
+        name: match (everywhere, localhost) {
+            (_, true) => "NodePort on every address and localhost (iptables mode)",
+            (true, false) => "NodePort on every address",
+            (false, false) => "NodePort on the primary address",
         }
         .into(),
         settings,
