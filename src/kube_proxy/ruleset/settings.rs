@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::kube_proxy::model::IpFamily;
-use crate::kube_proxy::nft::rule::Pick;
+use crate::kube_proxy::nft::rule::{AddrField, AddrValue, Pick, Stmt};
 
 /// How traffic from this node's pods is recognised (`--detect-local-mode`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +21,29 @@ pub enum LocalDetector {
     Interface(String),
     /// InterfaceNamePrefix: the packet came in on an interface whose name starts so.
     InterfacePrefix(String),
+}
+
+impl LocalDetector {
+    /// The match for traffic from (or, negated, not from) this node's pods; `None` when
+    /// detection is off.
+    pub fn matcher(&self, negate: bool) -> Option<Stmt> {
+        match self {
+            LocalDetector::None => None,
+            LocalDetector::Cidr(net) => Some(Stmt::Addr {
+                field: AddrField::Saddr,
+                negate,
+                value: AddrValue::Net(*net),
+            }),
+            LocalDetector::Interface(name) => Some(Stmt::Iifname {
+                negate,
+                name: name.clone(),
+            }),
+            LocalDetector::InterfacePrefix(prefix) => Some(Stmt::Iifname {
+                negate,
+                name: format!("{prefix}*"),
+            }),
+        }
+    }
 }
 
 /// Where NodePorts answer (`--nodeport-addresses`, expanded for this family).

@@ -3,7 +3,6 @@
 //! upstream writes it (the names, types, comments and rules are upstream's, so an operator's
 //! `nft list table ip kube-proxy` reads the same).
 
-use super::port::local_match;
 use super::settings::{NodePorts, Settings};
 use crate::kube_proxy::nft::objects::{
     BaseChain, ChainType, Hook, Object, SetKind, SetSpec, Transaction,
@@ -331,7 +330,7 @@ pub fn write(settings: &Settings, first: bool, tx: &mut Transaction) {
                 "masquerade all clusterIP traffic",
             ),
         );
-    } else if let Some(not_local) = local_match(&settings.local_detector, true) {
+    } else if let Some(not_local) = settings.local_detector.matcher(true) {
         tx.add_rule(
             SERVICES_CHAIN,
             Rule::with_comment(
