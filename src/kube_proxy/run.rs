@@ -271,7 +271,11 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
         i64::from(config.client.burst),
     )?;
 
-    announce(&client, &node_name, &config).await;
+    // Fire and forget: an apiserver that is away must not hold the start.
+    {
+        let (client, node_name, config) = (client.clone(), node_name.clone(), config.clone());
+        tokio::spawn(async move { announce(&client, &node_name, &config).await });
+    }
     let metrics = Arc::new(ProxyMetrics::new());
     let conntrack_metrics = Arc::new(
         ConntrackMetrics::register(metrics.registry())
