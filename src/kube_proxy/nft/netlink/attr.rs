@@ -34,6 +34,7 @@ impl Writer {
         }
     }
 
+    #[cfg(test)]
     pub fn bytes(&self) -> &[u8] {
         &self.buf
     }

@@ -29,7 +29,7 @@ impl Reg {
             return NFT_REG_VERDICT;
         }
         let unit = self.0 - 1;
-        if unit % 4 == 0 {
+        if unit.is_multiple_of(4) {
             1 + unit / 4
         } else {
             // NFT_REG32_00 is 8.

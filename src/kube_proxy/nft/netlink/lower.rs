@@ -102,7 +102,7 @@ fn compare_prefix(family: FamilyInfo, field: AddrField, negate: bool, net: &IpNe
             },
         ];
     }
-    if prefix % 8 == 0 && prefix > 0 {
+    if prefix.is_multiple_of(8) && prefix > 0 {
         let len = prefix / 8;
         return vec![
             load_addr(family, field, r, len),
