@@ -23,7 +23,7 @@ use super::conntrack::{self, sysctls, ConntrackMetrics};
 use super::healthz::ProxyHealth;
 use super::metrics::ProxyMetrics;
 use super::model::IpFamily;
-use super::nft::exec::{Nft, NftError};
+use super::nft::exec::{Applier, NftError};
 use super::node_settings::{self, NodeIps};
 use super::proxier::wanted::NodeWants;
 use super::proxier::{AfterSync, Proxier, SyncStatus, FULL_SYNC_PERIOD};
@@ -259,7 +259,7 @@ impl RunningProxy {
 pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     let node_name = node_name(&config)?;
     let families = families();
-    let nft = Nft::find(None).await?;
+    let nft = Applier::from_env().await?;
     let kube_config = kube_client::config(
         config.client.kubeconfig.as_deref(),
         config.client.master.as_deref().unwrap_or(""),

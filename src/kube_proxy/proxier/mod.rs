@@ -14,7 +14,7 @@ use crate::kube_proxy::api::store::Store;
 use crate::kube_proxy::healthz::ProxyHealth;
 use crate::kube_proxy::metrics::ProxyMetrics;
 use crate::kube_proxy::model::{IpFamily, ServiceName};
-use crate::kube_proxy::nft::exec::{Nft, NftError};
+use crate::kube_proxy::nft::exec::{Applier, NftError};
 use crate::kube_proxy::ruleset::settings::Settings;
 use crate::kube_proxy::ruleset::sync::{KernelView, SyncKind, Wanted};
 use wanted::NodeWants;
@@ -61,7 +61,7 @@ pub struct Proxier {
     refresh: bool,
     wants: NodeWants,
     view: KernelView,
-    nft: Nft,
+    nft: Applier,
     store: Arc<Store>,
     metrics: Arc<ProxyMetrics>,
     health: Arc<ProxyHealth>,
@@ -80,7 +80,7 @@ impl Proxier {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         settings: Settings,
-        nft: Nft,
+        nft: Applier,
         store: Arc<Store>,
         metrics: Arc<ProxyMetrics>,
         health: Arc<ProxyHealth>,
