@@ -21,6 +21,7 @@ use kube_traffic::kube_proxy::nft::exec::Applied;
 use kube_traffic::kube_proxy::nft::netlink::{Netlink, NetlinkError};
 use kube_traffic::kube_proxy::nft::objects::{Object, Transaction};
 use kube_traffic::kube_proxy::nft::rule::{Rule, Stmt};
+use kube_traffic::kube_proxy::ruleset::adopt::{adopt, Adoption};
 use kube_traffic::kube_proxy::ruleset::sync::{KernelView, SyncKind};
 use kube_traffic::kube_proxy::testing::flows::{suites, Suite};
 use kube_traffic::kube_proxy::testing::scenario::{Net, Scenario, READY};
@@ -306,7 +307,8 @@ fn a_refused_transaction_names_its_operation_and_changes_nothing() {
 }
 
 /// nft's and our time and memory for a full sync of N Services of E endpoints each
-/// (N=10000 E=10 by default), each in a fresh namespace:
+/// (N=10000 E=10 by default), each in a fresh namespace; and, for ours, what a restart on
+/// that table costs instead (reading it back, comparing it with the full sync's):
 ///
 /// ```text
 /// N=10000 E=10 cargo test --release --test kube_proxy_netlink scale_probe -- --ignored --nocapture
@@ -362,6 +364,51 @@ fn scale_probe() {
         peak.saturating_sub(before) / 1024,
         before / 1024
     );
+
+    // What a restart on this table costs: reading it back, and comparing it with the full
+    // sync's (the transaction, already planned, applied to an empty table in the model).
+    reset_peak();
+    let before = rss_kib("VmRSS");
+    let start = Instant::now();
+    let cpu = cpu_times(UsageWho::RUSAGE_SELF);
+    let listing = netlink
+        .read_table_blocking(family)
+        .expect("the table reads back")
+        .expect("a table");
+    let read = start.elapsed();
+    let cpu_after = cpu_times(UsageWho::RUSAGE_SELF);
+    let stats = listing.stats;
+    let start = Instant::now();
+    let (adopted, adoption) = adopt(plan, &listing.table, &listing.unsupported);
+    let diff = start.elapsed();
+    let peak = rss_kib("VmHWM");
+    eprintln!(
+        "read back: {:.2} s (user {:.2} s, kernel {:.2} s; {} requests, {} messages, {} MB; {} chains, {} rules, {} sets and {} anonymous ones, {} elements)",
+        read.as_secs_f64(),
+        cpu_after.0 - cpu.0,
+        cpu_after.1 - cpu.1,
+        stats.requests,
+        stats.messages,
+        stats.bytes / 1_000_000,
+        stats.chains,
+        stats.rules,
+        stats.sets,
+        stats.anonymous_sets,
+        stats.elements,
+    );
+    eprintln!(
+        "diff: {:.2} s, {adoption:?}, {} operations to send; peak RSS {} MiB ({} MiB over the {} MiB before)",
+        diff.as_secs_f64(),
+        adopted.tx.len(),
+        peak / 1024,
+        peak.saturating_sub(before) / 1024,
+        before / 1024
+    );
+    assert!(
+        matches!(adoption, Adoption::Adopted { .. }),
+        "{adoption:?}"
+    );
+    drop((listing, adopted));
     drop(ns);
 
     let ns = Netns::new("scale-nft").expect("a namespace");

@@ -1,5 +1,6 @@
 //! `kube-proxy trace`: where would a new connection go? Reads the table the kernel holds
-//! (`nft -j list table`), walks the connection's first packet through it with the tracer the
+//! (over netlink, as the proxy itself reads it at start-up; `nft -j list table` only when that
+//! fails, so the `nft` program is not needed), walks the connection's first packet through it with the tracer the
 //! proxy's own tests use, and prints the rules it meets and where it ends: the endpoints a
 //! random pick may choose (and whether the endpoint sees the client's address or the node's),
 //! a drop or a reject.
@@ -17,6 +18,8 @@ use super::interfaces::interface_addresses;
 use super::model::{IpFamily, Protocol};
 use super::nft::exec::Nft;
 use super::nft::json::parse_table;
+use super::nft::netlink::Netlink;
+use super::nft::table::Table;
 use super::trace::{trace, Fate, NodeAddrs, Outcome, Packet};
 
 pub const NAME: &str = "trace";
@@ -66,6 +69,10 @@ pub enum TraceError {
     },
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("the kernel has no table {0} kube-proxy")]
+    NoTable(&'static str),
+    #[error("reading the table over netlink: {netlink}; and with nft: {nft}")]
+    Unreadable { netlink: String, nft: String },
 }
 
 /// Traces `args` and returns what to print.
@@ -76,14 +83,16 @@ pub async fn run(args: &TraceArgs) -> Result<(Outcome, Packet), TraceError> {
     if IpFamily::of(&args.from) != family {
         return Err(TraceError::Families);
     }
-    let text = match &args.ruleset {
-        Some(path) => std::fs::read_to_string(path).map_err(|source| TraceError::Read {
-            path: path.display().to_string(),
-            source,
-        })?,
-        None => Nft::find(None).await?.list_json(family).await?,
+    let table = match &args.ruleset {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
+            parse_table(&text, family)?
+        }
+        None => kernel_table(family).await?,
     };
-    let table = parse_table(&text, family)?;
     let node = if args.node_ips.is_empty() {
         NodeAddrs::new(
             interface_addresses()
@@ -101,6 +110,29 @@ pub async fn run(args: &TraceArgs) -> Result<(Outcome, Packet), TraceError> {
         iif: args.iif.clone(),
     };
     Ok((trace(&table, &node, &packet), packet))
+}
+
+/// The kernel's table of `family`: read over netlink, or listed by nft when that fails.
+async fn kernel_table(family: IpFamily) -> Result<Table, TraceError> {
+    let netlink = match Netlink::open() {
+        Ok(netlink) => match netlink.read_table(family).await {
+            Ok(Some(listing)) => return Ok(listing.table),
+            Ok(None) => return Err(TraceError::NoTable(family.nft())),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    let listed = match Nft::find(None).await {
+        Ok(nft) => nft.list_json(family).await,
+        Err(e) => Err(e),
+    };
+    match listed {
+        Ok(text) => Ok(parse_table(&text, family)?),
+        Err(nft) => Err(TraceError::Unreadable {
+            netlink,
+            nft: nft.to_string(),
+        }),
+    }
 }
 
 pub fn render(outcome: &Outcome, packet: &Packet, json: bool) -> String {

@@ -1,7 +1,8 @@
 //! One family's proxier: takes what changed from the change trackers, keeps what the node
 //! wants (`wanted`), plans the sync against what the kernel holds (`ruleset::sync`), hands
 //! the transaction to the kernel, and does what upstream does after a sync that went in
-//! (metrics, health, stale UDP conntrack entries).
+//! (metrics, health, stale UDP conntrack entries). The first sync of the process reads the
+//! table a previous run left and sends only what differs (`ruleset::adopt`).
 
 pub mod wanted;
 
@@ -15,8 +16,10 @@ use crate::kube_proxy::healthz::ProxyHealth;
 use crate::kube_proxy::metrics::ProxyMetrics;
 use crate::kube_proxy::model::{IpFamily, ServiceName};
 use crate::kube_proxy::nft::exec::{Applier, NftError};
+use crate::kube_proxy::nft::netlink::Netlink;
 use crate::kube_proxy::ruleset::settings::Settings;
-use crate::kube_proxy::ruleset::sync::{KernelView, SyncKind, Wanted};
+use crate::kube_proxy::ruleset::adopt::{adopt, Adoption};
+use crate::kube_proxy::ruleset::sync::{KernelView, Plan, SyncKind, Wanted};
 use wanted::NodeWants;
 
 /// Upstream's full resync period.
@@ -61,6 +64,9 @@ pub struct Proxier {
     refresh: bool,
     wants: NodeWants,
     view: KernelView,
+    /// Whether the next full sync may adopt the kernel's table: the first of the process
+    /// only (after a refused transaction, the table is replaced).
+    may_adopt: bool,
     nft: Applier,
     store: Arc<Store>,
     metrics: Arc<ProxyMetrics>,
@@ -93,6 +99,7 @@ impl Proxier {
             refresh: false,
             wants: NodeWants::new(),
             view: KernelView::new(),
+            may_adopt: true,
             nft,
             store,
             metrics,
@@ -190,7 +197,13 @@ impl Proxier {
             endpoints: &self.wants.endpoints,
             zone: self.settings.zone.as_deref(),
         };
-        let plan = self.view.plan(&self.settings, kind, &wanted, &self.pending);
+        let mut plan = self.view.plan(&self.settings, kind, &wanted, &self.pending);
+        if plan.kind == SyncKind::Full && std::mem::take(&mut self.may_adopt) {
+            // nft's applier is left as it was: the table is replaced.
+            if let Applier::Netlink(netlink) = &self.nft {
+                plan = adopt_table(netlink.clone(), self.family, plan).await;
+            }
+        }
         let kind = plan.kind;
         let (num_services, num_endpoints) = (self.wants.port_count(), self.wants.endpoint_count());
         tracing::info!(
@@ -373,6 +386,53 @@ impl Proxier {
     pub fn wants(&self) -> &NodeWants {
         &self.wants
     }
+}
+
+/// The full sync's plan, or what adopts the table a previous run left instead: read
+/// back, compared, and repaired. No table, a failed read or a table that only replacing
+/// can fix: the full sync as planned.
+async fn adopt_table(netlink: Netlink, ip_family: IpFamily, plan: Plan) -> Plan {
+    let family = ip_family.api();
+    let start = Instant::now();
+    let listing = match netlink.read_table(ip_family).await {
+        Ok(Some(listing)) => listing,
+        Ok(None) => {
+            tracing::info!(ipFamily = family, "No nftables table to adopt; writing it");
+            return plan;
+        }
+        Err(e) => {
+            tracing::warn!(ipFamily = family, error = %e, "Unable to read the nftables table back; replacing it");
+            return plan;
+        }
+    };
+    let read = GoDuration(start.elapsed());
+    let (plan, adoption) = adopt(plan, &listing.table, &listing.unsupported);
+    let stats = listing.stats;
+    let total = GoDuration(start.elapsed());
+    match adoption {
+        Adoption::Adopted { chains } => tracing::info!(
+            ipFamily = family,
+            chains,
+            read = %read,
+            elapsed = %total,
+            "Adopted the nftables table a previous run left ({chains} chains): it is the one wanted"
+        ),
+        Adoption::Repaired { operations } => tracing::info!(
+            ipFamily = family,
+            operations,
+            chains = stats.chains,
+            read = %read,
+            elapsed = %total,
+            "Adopted the nftables table a previous run left, repaired with {operations} operations"
+        ),
+        Adoption::Replaced { reason } => tracing::info!(
+            ipFamily = family,
+            reason = %reason,
+            read = %read,
+            "Replacing the nftables table a previous run left: {reason}"
+        ),
+    }
+    plan
 }
 
 pub fn unix_seconds(t: SystemTime) -> f64 {

@@ -111,6 +111,17 @@ struct Commit {
     stale_revived: Vec<String>,
 }
 
+impl Plan {
+    /// This plan's view, reached by `tx` instead of its own transaction: the kernel's table
+    /// already holds the rest (`adopt`). `stale` names chains `tx` leaves empty, to be
+    /// deleted by a later transaction as a partial sync's are.
+    pub fn reached_by(mut self, tx: Transaction, stale: Vec<String>) -> Plan {
+        self.tx = tx;
+        self.commit.stale_added = stale;
+        self
+    }
+}
+
 impl KernelView {
     pub fn new() -> KernelView {
         KernelView::default()

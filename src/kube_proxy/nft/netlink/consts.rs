@@ -251,3 +251,49 @@ pub const BYTEORDER_HOST_ENDIAN: u32 = 1;
 pub const BYTEORDER_BIG_ENDIAN: u32 = 2;
 /// nft's `enum expr_types` values that set userdata records (`typeof` of a key).
 pub const EXPR_CONCAT: u32 = 13;
+
+// What reading a table back needs besides: the get/dump messages and the attributes the
+// kernel dumps that nft never sends.
+pub const NFT_MSG_GETTABLE: u16 = 1;
+pub const NFT_MSG_GETCHAIN: u16 = 4;
+pub const NFT_MSG_GETRULE: u16 = 7;
+pub const NFT_MSG_GETSET: u16 = 10;
+pub const NFT_MSG_GETSETELEM: u16 = 13;
+pub const NFT_MSG_NEWGEN: u16 = 15;
+pub const NFT_MSG_GETGEN: u16 = 16;
+pub const NFT_MSG_GETOBJ: u16 = 19;
+pub const NFTA_GEN_ID: u16 = 1;
+
+pub const NFTA_CHAIN_POLICY: u16 = 5;
+pub const NFTA_CHAIN_FLAGS: u16 = 10;
+/// `NFT_CHAIN_BASE`: the flag every base chain carries; the others (hardware offload, a
+/// rule-bound anonymous chain) are never the proxy's.
+pub const NFT_CHAIN_BASE: u32 = 0x1;
+pub const NFTA_HOOK_DEV: u16 = 3;
+pub const NFTA_HOOK_DEVS: u16 = 4;
+
+pub const NFT_SET_OBJECT: u32 = 0x40;
+pub const NFT_SET_EXPR: u32 = 0x100;
+pub const NFTA_SET_OBJ_TYPE: u16 = 15;
+pub const NFTA_SET_EXPR: u16 = 17;
+pub const NFTA_SET_EXPRESSIONS: u16 = 18;
+pub const NFTA_SET_ELEM_EXPR: u16 = 7;
+pub const NFTA_SET_ELEM_OBJREF: u16 = 9;
+pub const NFTA_SET_ELEM_KEY_END: u16 = 10;
+pub const NFTA_SET_ELEM_EXPRESSIONS: u16 = 11;
+/// libnftnl's element userdata: the comment (`NFTNL_UDATA_SET_ELEM_COMMENT`).
+pub const UDATA_SET_ELEM_COMMENT: u8 = 0;
+
+pub const NFTA_NAT_REG_ADDR_MAX: u16 = 4;
+pub const NFTA_NAT_REG_PROTO_MAX: u16 = 6;
+/// `NF_NAT_RANGE_MAP_IPS`: the kernel adds it to a NAT statement that has an address, and
+/// `NF_NAT_RANGE_PROTO_SPECIFIED` to one that has a port, whatever the flags sent said.
+pub const NF_NAT_RANGE_MAP_IPS: u32 = 0x1;
+pub const NFTA_MASQ_REG_PROTO_MIN: u16 = 2;
+pub const NFTA_DYNSET_TIMEOUT: u16 = 6;
+pub const NFTA_DYNSET_SREG_DATA: u16 = 5;
+pub const NFTA_DYNSET_FLAGS: u16 = 9;
+pub const NFTA_CT_DIRECTION: u16 = 3;
+
+/// nft's `TYPE_INTEGER`: the key type of a `numgen` map.
+pub const TYPE_INTEGER: u32 = 4;

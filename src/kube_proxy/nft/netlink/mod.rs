@@ -19,18 +19,27 @@
 //! - `attr`: the message and attribute writer; `consts`: the ABI's numbers;
 //! - `socket`: sending the batch whole and reading every message's ack.
 //!
+//! And the other way, a family's table read back from the kernel (`read`): dump requests,
+//! the answers' attributes (`parse`), the objects (`decode`), the rules' statements
+//! (`unlower`, the inverse of `lower`), and the form the kernel keeps a rule in (`canon`).
+//!
 //! The batch is atomic: every message is acknowledged, and any refusal names the
 //! operation whose message the kernel refused (its rendered text, as `nft -f` would have
 //! named the line); the kernel then applies nothing.
 
 mod attr;
 pub mod batch;
+pub mod canon;
 mod consts;
+mod decode;
 mod expr;
 mod intervals;
 mod lower;
+mod parse;
+pub mod read;
 mod sets;
 pub mod socket;
+mod unlower;
 
 #[cfg(test)]
 mod fixtures;
@@ -44,7 +53,9 @@ use std::time::Instant;
 
 use super::exec::Applied;
 use super::objects::{render_op, Transaction};
+use crate::kube_proxy::model::IpFamily;
 use batch::{encode, Batch, EncodeFailure, Options};
+use read::{Listing, ReadError};
 use socket::{NfSocket, SocketError};
 
 /// Why an operation cannot be written as netlink (nft would refuse its text too).
@@ -231,6 +242,27 @@ impl Netlink {
             bytes: batch.bytes().len(),
             elapsed: start.elapsed(),
         })
+    }
+
+    /// Reads `family`'s table back (None: there is none). Blocks.
+    pub fn read_table_blocking(&self, family: IpFamily) -> Result<Option<Listing>, ReadError> {
+        let first = self
+            .next_sequence
+            .fetch_add(SEQUENCE_STRIDE, Ordering::Relaxed);
+        let mut socket = self.socket.lock().unwrap_or_else(|p| p.into_inner());
+        read::read(&mut socket, family, first)
+    }
+
+    /// Reads `family`'s table back from async code, on a blocking thread.
+    pub async fn read_table(&self, family: IpFamily) -> Result<Option<Listing>, ReadError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.read_table_blocking(family))
+            .await
+            .map_err(|e| {
+                ReadError::Socket(SocketError::Receive(io::Error::other(format!(
+                    "the reading thread failed: {e}"
+                ))))
+            })?
     }
 
     fn exchange(&self, batch: &Batch) -> Result<Vec<socket::Answer>, NetlinkError> {

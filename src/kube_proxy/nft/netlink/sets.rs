@@ -379,8 +379,6 @@ pub fn anonymous_addresses(family: FamilyInfo, template: u32, id: u32, nets: &[I
 /// nft's `EXPR_PAYLOAD`, `EXPR_VERDICT`.
 const EXPR_PAYLOAD: u32 = 7;
 const EXPR_VERDICT: u32 = 1;
-/// nft's `TYPE_INTEGER`: the key type of a `numgen` map.
-const TYPE_INTEGER: u32 = 4;
 
 /// The map of `numgen random mod N map { 0 : v0 , ... }`: integer keys in host byte order,
 /// and verdicts (`vmap`) or `addr . port` values (`dnat ... to numgen ... map`).

@@ -134,6 +134,25 @@ impl NfSocket {
         Ok(answers)
     }
 
+    /// Sends one request (a get or a dump), after discarding the answers an earlier exchange
+    /// left unread.
+    pub fn send_request(&mut self, bytes: &[u8]) -> Result<(), SocketError> {
+        self.drain();
+        self.socket
+            .send(bytes, 0)
+            .map_err(|source| SocketError::Send {
+                bytes: bytes.len(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// The next datagram of answers, waiting for it up to the receive timeout; None when
+    /// none came.
+    pub fn next_datagram(&mut self) -> Result<Option<&[u8]>, SocketError> {
+        Ok(self.receive(true)?.then_some(self.buffer.as_slice()))
+    }
+
     /// Raises the send buffer to hold the batch, and the receive buffer to hold `acks`
     /// acks. As root (CAP_NET_ADMIN) past the system's limits, as nft does; otherwise up
     /// to them, and a batch too large fails to send with EMSGSIZE.
