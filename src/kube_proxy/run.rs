@@ -356,9 +356,11 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
 
     // The watches.
     let (cidr_tx, cidr_rx) = watch::channel(Vec::<IpNet>::new());
+    let (listed_tx, mut listed_rx) = watch::channel(false);
     tasks.spawn(watches::service_cidrs(
         client.clone(),
         cidr_tx,
+        listed_tx,
         problems.clone(),
         stop.clone(),
     ));
@@ -375,6 +377,11 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
         problems.clone(),
         stop.clone(),
     ));
+
+    // The first sync's settings include the Service CIDRs, so that its transaction already
+    // drops traffic to unallocated ClusterIPs instead of a second one adding the rule. The
+    // wait ends with the first list or its first failure (the sender dropped ends it too).
+    let _ = listed_rx.wait_for(|listed| *listed).await;
 
     // One proxier and runner per family, and the settings they are fed.
     let (config_tx, config_rx) = watch::channel(Arc::new(config.clone()));
