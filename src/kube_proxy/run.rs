@@ -500,9 +500,18 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     })
 }
 
+/// What upstream logs, as an error, when no mode was given (`server_linux.go`).
+const DEFAULTED_MODE: &str = "No kube-proxy mode specified: defaulting to 'iptables'. Note that in Kubernetes 1.40 the default mode will switch to 'nftables'. If you wish to continue using 'iptables' mode, you must explicitly specify 'mode: iptables' in the kube-proxy config file, or '--proxy-mode iptables' on the kube-proxy command line.";
+
 /// The Events upstream posts at start, and one saying what serves the mode asked for.
 async fn announce(client: &kube::Client, node_name: &str, config: &ProxyConfig) {
     use super::events::{post, Note};
+    // Upstream's line for a defaulted mode, which operators grep for before 1.40 changes the
+    // default. Upstream also records a KubeProxyDefaultMode Event, but before its Event
+    // broadcaster starts, so the Event never reaches the API; none is posted here either.
+    if config.mode_defaulted {
+        tracing::error!("{DEFAULTED_MODE}");
+    }
     post(
         client,
         node_name,

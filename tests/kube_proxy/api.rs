@@ -448,6 +448,21 @@ impl Kube {
             .unwrap_or_else(|e| panic!("node {name} status: {e}"));
     }
 
+    /// The `events.k8s.io/v1` Events in namespace `default` (where kube-proxy posts those about
+    /// its Node), as JSON.
+    pub fn node_events(&self) -> Vec<Value> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), "default");
+        let list = self
+            .rt
+            .block_on(events.list(&ListParams::default()))
+            .unwrap_or_else(|e| panic!("list events: {e}"));
+        list.items
+            .into_iter()
+            .map(|e| serde_json::to_value(e).expect("event json"))
+            .collect()
+    }
+
     pub fn ensure_namespace(&self, ns: &str) {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let nsobj: Namespace = serde_json::from_value(json!({

@@ -11,6 +11,11 @@ probe COUNT TIMEOUT FIRST_ALONE TARGET...   TARGET is proto:addr:port (IPv6 addr
                      once, so a target that times out costs one timeout, not COUNT; with
                      FIRST_ALONE=1 the first attempt to a target runs alone before the others (so
                      that a ClientIP affinity entry exists before they start).
+seq COUNT TIMEOUT TARGET [SOURCE]   COUNT attempts one after another (each a new connection,
+                     the next one starting when the last one ended), from SOURCE when given (an
+                     address of this namespace to bind to). Prints one JSON line like probe's,
+                     with the answers in the order they came: for schedulers that pick by turn
+                     or by the client's address, where the order and the source matter.
 """
 import json
 import selectors
@@ -61,12 +66,14 @@ def parse_target(t):
     return proto, fam, addr, int(port)
 
 
-def attempt(target, timeout):
+def attempt(target, timeout, source=None):
     proto, fam, addr, port = parse_target(target)
     typ = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     s = socket.socket(fam, typ)
     s.settimeout(timeout)
     try:
+        if source:
+            s.bind((source, 0))
         s.connect((addr, port))
         if typ == socket.SOCK_DGRAM:
             s.send(b"hello\n")
@@ -119,10 +126,17 @@ def probe(count, timeout, first_alone, targets):
         print(json.dumps({"target": t, "answers": results[t]}))
 
 
+def seq(count, timeout, target, source):
+    answers = [attempt(target, timeout, source) for _ in range(count)]
+    print(json.dumps({"target": target, "answers": answers}))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(sys.argv[2], [int(p) for p in sys.argv[3:]])
     elif sys.argv[1] == "probe":
         probe(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1", sys.argv[5:])
+    elif sys.argv[1] == "seq":
+        seq(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     else:
         sys.exit(f"unknown mode {sys.argv[1]}")

@@ -53,6 +53,9 @@ pub struct Proc {
     pub log: PathBuf,
     child: Child,
     grace: Duration,
+    /// Set by [`stop`](Self::stop): the group was signalled and the child reaped, so its PID
+    /// may belong to someone else by now and is not signalled again.
+    stopped: bool,
 }
 
 impl Proc {
@@ -90,6 +93,7 @@ impl Proc {
             log: log.to_path_buf(),
             child,
             grace: Duration::from_secs(5),
+            stopped: false,
         }
     }
 
@@ -133,6 +137,24 @@ impl Proc {
         tail(&std::fs::read_to_string(&self.log).unwrap_or_default(), n)
     }
 
+    /// Stops it as its Drop does (SIGTERM, SIGKILL after the grace period), for a test that
+    /// goes on in its namespace afterwards; its exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        if self.stopped {
+            return self.child.try_wait().ok().flatten();
+        }
+        self.stopped = true;
+        if self.exited().is_none() {
+            self.signal_group("-TERM");
+            let deadline = Instant::now() + self.grace;
+            while self.exited().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.signal_group("-KILL");
+        self.child.wait().ok()
+    }
+
     fn signal_group(&self, sig: &str) {
         // The group id is the recorded PID (process_group(0) above).
         let _ = Command::new("kill")
@@ -144,16 +166,9 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
-        if self.exited().is_none() {
-            self.signal_group("-TERM");
-            let deadline = Instant::now() + self.grace;
-            while self.exited().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        // Also when the leader is gone: a forked child may still hold the group.
-        self.signal_group("-KILL");
-        let _ = self.child.wait();
+        // Also when the leader is gone: a forked child may still hold the group (stop sends
+        // SIGKILL to the group either way).
+        let _ = self.stop();
     }
 }
 
