@@ -947,12 +947,10 @@ fn defaulted_mode(h: &mut Harness) {
 /// Under a FORWARD policy of DROP, a pod's connection to a Service whose one endpoint is the
 /// pod itself (hairpin): upstream's iptables mode marks it for masquerade in the endpoint's
 /// chain (`KUBE-SEP-* -s <endpoint> -j KUBE-MARK-MASQ`), so KUBE-FORWARD accepts it and the
-/// pod answers itself. Ours, in iptables and ipvs modes alike, masquerades hairpin through the
-/// hairpin-connections set in postrouting and sets no mark before FORWARD: dropped.
+/// pod answers itself. Ours, in iptables and ipvs modes, marks it in a forward-hook chain
+/// that runs before the filter table's FORWARD (the nftables ruleset itself masquerades
+/// hairpin at postrouting, too late for KUBE-FORWARD).
 #[test]
-#[ignore = "bug: in iptables and ipvs modes under a FORWARD policy of DROP, a pod's connection \
-            to its own Service (hairpin) times out; upstream's iptables mode marks it for \
-            masquerade before FORWARD, so its KUBE-FORWARD accepts it"]
 fn hairpin_under_forward_drop_answers_as_upstreams_iptables_mode() {
     if !kube_proxy::preflight() || !iptables_preflight() {
         return;
