@@ -66,7 +66,8 @@ pub struct Side {
     pub which: Impl,
     // Field order is drop order: the proxy first, then the relay, then the namespaces.
     pub proxy: Proc,
-    relay: Proc,
+    /// None while a test keeps the apiserver out of this node's reach.
+    relay: Option<Proc>,
     pub node: NodeNs,
     /// The tables as the last wait saw them, per family.
     pub tables: BTreeMap<&'static str, Option<Table>>,
@@ -99,6 +100,10 @@ pub struct Harness {
     pub timings: Vec<(String, Duration)>,
     known: &'static [KnownDiff],
     probe_calls: usize,
+    /// Proxies started since the start-up (numbers their logs).
+    restarts: usize,
+    /// How long [`Harness::settle`] waits ([`SYNC_TIMEOUT`] unless a scenario says).
+    pub sync_timeout: Duration,
 }
 
 impl Harness {
@@ -145,7 +150,7 @@ impl Harness {
                 label: spec.label,
                 which: spec.which,
                 proxy,
-                relay,
+                relay: Some(relay),
                 node,
                 tables: BTreeMap::new(),
                 baseline: BTreeMap::new(),
@@ -165,6 +170,8 @@ impl Harness {
             timings: Vec::new(),
             known,
             probe_calls: 0,
+            restarts: 0,
+            sync_timeout: SYNC_TIMEOUT,
         };
         h.wait_barrier().unwrap_or_else(|e| panic!("{e}"));
         h.settle_stale().unwrap_or_else(|e| panic!("{e}"));
@@ -198,6 +205,96 @@ impl Harness {
     pub fn keep_dir(&mut self) -> PathBuf {
         self.dir.disable_cleanup(true);
         self.dir.path().to_path_buf()
+    }
+
+    /// The kubeconfig the proxies use (the relay's end in their node).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir().join("node.kubeconfig")
+    }
+
+    /// The apiserver fixture (to stop and start the kube-apiserver).
+    pub fn apiserver(&mut self) -> &mut Apiserver {
+        &mut self.api
+    }
+
+    /// Index of the side labelled `label`.
+    pub fn side_index(&self, label: &str) -> usize {
+        self.sides
+            .iter()
+            .position(|s| s.label == label)
+            .unwrap_or_else(|| panic!("no side {label}"))
+    }
+
+    /// Stops side `label` and deletes its node (for scenarios that need one side only).
+    pub fn remove_side(&mut self, label: &str) {
+        let i = self.side_index(label);
+        drop(self.sides.remove(i));
+    }
+
+    /// Stops side `i`'s proxy (SIGKILL when `kill`, else SIGTERM) and starts its program
+    /// again with `args` (see [`proxy::args`]) and `env`; returns the new log's path. Does not
+    /// wait for it to sync.
+    pub fn restart_proxy(
+        &mut self,
+        i: usize,
+        kill: bool,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> PathBuf {
+        self.stop_proxy(i, kill);
+        self.start_proxy(i, args, env)
+    }
+
+    /// Stops side `i`'s proxy; the guard stays until [`Harness::start_proxy`] replaces it.
+    pub fn stop_proxy(&mut self, i: usize, kill: bool) {
+        let side = &mut self.sides[i];
+        if kill {
+            side.proxy.kill();
+        } else {
+            side.proxy.stop();
+        }
+    }
+
+    /// Starts side `i`'s program with `args` and `env` (its previous proxy must be stopped).
+    pub fn start_proxy(&mut self, i: usize, args: &[String], env: &[(&str, &str)]) -> PathBuf {
+        self.restarts += 1;
+        let side = &mut self.sides[i];
+        assert!(
+            side.proxy.exited().is_some(),
+            "side {}: its proxy still runs",
+            side.label
+        );
+        let log = self
+            .dir
+            .path()
+            .join(format!("kube-proxy-{}-{}.log", side.label, self.restarts));
+        side.proxy = proxy::start_with(
+            side.which,
+            &self.api.bin_dir(),
+            &side.node.node,
+            args,
+            env,
+            &log,
+        );
+        log
+    }
+
+    /// Stops the relay into side `i`'s node: its proxy can no longer reach the apiserver.
+    pub fn stop_relay(&mut self, i: usize) {
+        if let Some(mut r) = self.sides[i].relay.take() {
+            r.stop();
+        }
+    }
+
+    /// Starts the relay into side `i`'s node again.
+    pub fn start_relay(&mut self, i: usize) {
+        assert!(self.sides[i].relay.is_none(), "the relay runs");
+        let socket = self.dir.path().join("apiserver.sock");
+        let log = self.dir.path().join(format!(
+            "relay-{}-{}.log",
+            self.sides[i].label, self.restarts
+        ));
+        self.sides[i].relay = Some(api::node_relay(&self.sides[i].node.node, &socket, &log));
     }
 
     /// The scenario namespace's client.
@@ -278,7 +375,8 @@ impl Harness {
     /// Polls every side's tables until both families show the current barrier.
     fn wait_barrier(&mut self) -> Result<(), String> {
         let want = u64::from(self.barrier);
-        let deadline = Instant::now() + SYNC_TIMEOUT;
+        let timeout = self.sync_timeout;
+        let deadline = Instant::now() + timeout;
         for side in &mut self.sides {
             loop {
                 if let Some(status) = side.proxy.exited() {
@@ -314,7 +412,7 @@ impl Harness {
                 if Instant::now() > deadline {
                     return Err(format!(
                         "side {} ({}): the barrier's port {want} did not reach the rules within \
-                         {SYNC_TIMEOUT:?} (last seen {}); proxy log:\n{}",
+                         {timeout:?} (last seen {}); proxy log:\n{}",
                         side.label,
                         side.which.label(),
                         seen.join("; "),
@@ -571,9 +669,23 @@ impl Harness {
 }
 
 /// Where a run leaves what a person needs to read a failure (the cargo target's tmp dir, which
-/// outlives the run's own directory). Emptied when a run starts.
+/// outlives the run's own directory): `kube-proxy-side-by-side/` for that test binary, one
+/// directory per test binary (named after it) so that one binary's run does not empty
+/// another's. Emptied when a run starts.
 pub fn artefacts() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kube-proxy-side-by-side")
+    let exe = std::env::current_exe().unwrap_or_default();
+    let stem = exe
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Cargo names a test binary `<target>-<hash>`.
+    let target = stem.rsplit_once('-').map_or(stem.as_str(), |(t, _)| t);
+    let name = if target.is_empty() {
+        "kube-proxy-side-by-side".to_string()
+    } else {
+        target.replace('_', "-")
+    };
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name)
 }
 
 /// A probe: from a source namespace ("client", "node", "pod1", "pod2") to a target.

@@ -56,16 +56,27 @@ pub fn args(kubeconfig: &Path) -> Vec<String> {
 }
 
 pub fn start(which: Impl, upstream_dir: &Path, ns: &str, kubeconfig: &Path, log: &Path) -> Proc {
+    start_with(which, upstream_dir, ns, &args(kubeconfig), &[], log)
+}
+
+/// The program with the given flags (instead of [`args`]) and extra environment.
+pub fn start_with(
+    which: Impl,
+    upstream_dir: &Path,
+    ns: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Proc {
     let bin = which.binary(upstream_dir);
     let bin = bin.to_str().expect("utf-8 path");
-    let args = args(kubeconfig);
     let mut argv = vec![bin];
     argv.extend(args.iter().map(String::as_str));
     Proc::start(
         &format!("kube-proxy ({}, {ns})", which.label()),
         Some(ns),
         &argv,
-        &[],
+        env,
         log,
     )
 }
