@@ -20,7 +20,7 @@ use serde_json::json;
 use super::api::{self, Apiserver, Ep, Kube, KubeNs, Proto, Slice, Svc};
 use super::node::{self, NodeNs};
 use super::probe::{self, Expect};
-use super::procs::{ns_must, Proc};
+use super::procs::{self, ns_must, Proc};
 use super::proxy::{self, Impl};
 use super::ruleset::{self, Table};
 use super::NODE_NAME;
@@ -174,6 +174,7 @@ impl Harness {
             sync_timeout: SYNC_TIMEOUT,
         };
         h.wait_barrier().unwrap_or_else(|e| panic!("{e}"));
+        h.wait_service_cidrs();
         h.settle_stale().unwrap_or_else(|e| panic!("{e}"));
         h.check_the_comparison_sees_a_difference();
         for s in &mut h.sides {
@@ -343,6 +344,35 @@ impl Harness {
         move_barrier(&self.kube.in_namespace(BARRIER_NS), self.barrier);
         self.wait_barrier().unwrap_or_else(|e| panic!("{e}"));
         self.settle_stale().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The first sync may go in before a proxy has listed the ServiceCIDRs (neither program
+    /// waits for them), so its rule that drops traffic to unallocated ClusterIPs may come one
+    /// sync later. The baseline is taken after every side has it, so that its late arrival
+    /// does not show as a difference in the first scenario that compares with the baseline.
+    fn wait_service_cidrs(&mut self) {
+        const RULE: &str = "Drop traffic to unallocated ClusterIPs";
+        for side in &self.sides {
+            procs::wait_until(
+                &format!("side {}: the unallocated-ClusterIP rule", side.label),
+                SYNC_TIMEOUT,
+                Duration::from_millis(50),
+                || {
+                    FAMILIES
+                        .iter()
+                        .all(|fam| {
+                            ruleset::dump(&side.node.node, fam)
+                                .ok()
+                                .flatten()
+                                .is_some_and(|t| t.mentions(RULE))
+                        })
+                        .then_some(())
+                },
+            )
+            .unwrap_or_else(|e| panic!("{e}; proxy log:\n{}", side.proxy.log_tail(30)));
+        }
+        // The tables the baseline is taken from include it.
+        self.settle();
     }
 
     /// Upstream flushes a chain it no longer uses and deletes it in a later sync, at least a
