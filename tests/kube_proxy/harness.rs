@@ -349,8 +349,10 @@ impl Harness {
     /// The first sync may go in before a proxy has listed the ServiceCIDRs (neither program
     /// waits for them), so its rule that drops traffic to unallocated ClusterIPs may come one
     /// sync later. The baseline is taken after every side has it, so that its late arrival
-    /// does not show as a difference in the first scenario that compares with the baseline.
-    fn wait_service_cidrs(&mut self) {
+    /// does not show as a difference in the first scenario that compares with the baseline;
+    /// a test that restarts a proxy waits for it too, so that the sync it adds does not land
+    /// in the middle of what the test measures.
+    pub fn wait_service_cidrs(&mut self) {
         const RULE: &str = "Drop traffic to unallocated ClusterIPs";
         for side in &self.sides {
             procs::wait_until(
