@@ -115,7 +115,16 @@ fn kube_proxy_behaviour() {
     }
     for (name, f) in OURS_ALONE {
         if wanted(name) {
+            let failed = h.failures.len();
             h.scenario(name, f);
+            // A scenario that stopped half-way may have left its own flags or configuration
+            // file in force: the next one starts from the harness's flags again.
+            if h.failures.len() > failed {
+                let i = ours(&h);
+                h.scenario(&format!("{name}: restore"), |h| {
+                    restart_default(h, i, false, &[], &[])
+                });
+            }
         }
     }
     let timings: Vec<String> = h
@@ -159,13 +168,15 @@ fn a_change_is_queued_when_it_arrives() {
     if !kube_proxy::preflight() {
         return;
     }
+    // Labels of their own: with --include-ignored this runs beside the main test, in the
+    // same process, and namespace names carry the process id and the label.
     let specs = [
         SideSpec {
-            label: "up",
+            label: "uq",
             which: Impl::Upstream,
         },
         SideSpec {
-            label: "rs",
+            label: "rq",
             which: Impl::Ours,
         },
     ];
@@ -727,10 +738,19 @@ fn nft_failure(h: &mut Harness) {
     echo_service(h, "fails", "10.96.22.1", &[POD1]);
     wait_metric(h, i, failures_v4, Duration::from_secs(15), |v| v >= 1.0);
     let first_failure = t_fault.elapsed();
-    let failed_line = log_records(h, i, "nftables sync failed")
-        .into_iter()
-        .find(|r| r.contains("transaction="))
-        .unwrap_or_default();
+    // The counter moves before the line is logged, and log lines are written by a thread of
+    // their own: wait for the record.
+    let failed_line = wait_until(
+        "the refused transaction in the log",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || {
+            log_records(h, i, "nftables sync failed")
+                .into_iter()
+                .find(|r| r.contains("transaction=<") && r.ends_with("\n >"))
+        },
+    )
+    .unwrap_or_default();
     // nft's reason, and the transaction's first lines (nft commands on the table).
     let tx_lines = failed_line
         .split_once("transaction=<\n")
@@ -1024,26 +1044,33 @@ impl ConfigMapDir {
 struct Reloads {
     i: usize,
     done: usize,
+    /// The running process's successful reloads so far: each logs
+    /// `"configuration reloaded" reload_generation=N trigger=...`, N counting from 1.
+    generation: u64,
     conn: LineConn,
     server: String,
 }
 
 impl Reloads {
-    /// Waits until the proxy logged one more "configuration reloaded" (with `trigger`) than
-    /// `before`, then asks the held connection.
-    fn wait(&mut self, h: &mut Harness, before: usize, trigger: &str) {
-        let needle = format!("trigger=\"{trigger}\"");
+    /// Waits for the proxy's next successful reload (the next generation, by `trigger`),
+    /// then asks the held connection. Waiting for the generation, not for one more line than
+    /// were there, keeps a line still on its way to the log from passing for the next one.
+    fn wait(&mut self, h: &mut Harness, trigger: &str) {
+        self.generation += 1;
+        let needle = format!(
+            "reload_generation={} trigger=\"{trigger}\"",
+            self.generation
+        );
         let i = self.i;
         wait_until(
-            &format!("a reload by {trigger}"),
+            &format!("reload {} by {trigger}", self.generation),
             Duration::from_secs(20),
             Duration::from_millis(20),
             || {
-                let n = log_text(h, i)
+                log_text(h, i)
                     .lines()
-                    .filter(|l| l.contains("configuration reloaded") && l.contains(&needle))
-                    .count();
-                (n > before).then_some(())
+                    .any(|l| l.contains("configuration reloaded") && l.contains(&needle))
+                    .then_some(())
             },
         )
         .unwrap_or_else(|e| panic!("{e}; log:\n{}", h.sides[i].proxy.log_tail(20)));
@@ -1058,33 +1085,22 @@ impl Reloads {
         }
     }
 
-    fn count(h: &Harness, i: usize, trigger: &str) -> usize {
-        let needle = format!("trigger=\"{trigger}\"");
-        log_text(h, i)
-            .lines()
-            .filter(|l| l.contains("configuration reloaded") && l.contains(&needle))
-            .count()
-    }
-
     /// Writes `text` to `path` (in place, as an editor or config management would) and
     /// waits for the watcher's reload.
     fn rewrite(&mut self, h: &mut Harness, path: &Path, text: &str) {
-        let before = Reloads::count(h, self.i, "file change");
         std::fs::write(path, text).unwrap();
-        self.wait(h, before, "file change");
+        self.wait(h, "file change");
     }
 
     /// SIGHUP and its reload.
     fn sighup(&mut self, h: &mut Harness) {
-        let before = Reloads::count(h, self.i, "SIGHUP");
         h.sides[self.i].proxy.signal("-HUP");
-        self.wait(h, before, "SIGHUP");
+        self.wait(h, "SIGHUP");
     }
 
     fn swap(&mut self, h: &mut Harness, cm: &mut ConfigMapDir, text: &str) {
-        let before = Reloads::count(h, self.i, "file change");
         cm.swap(text);
-        self.wait(h, before, "file change");
+        self.wait(h, "file change");
     }
 }
 
@@ -1120,6 +1136,7 @@ fn reload(h: &mut Harness) {
     let mut r = Reloads {
         i,
         done: 0,
+        generation: 0,
         conn,
         server,
     };
@@ -1182,15 +1199,24 @@ fn reload(h: &mut Harness) {
     .unwrap_or_else(|e| panic!("{e} (was {was})"));
 
     // Verbosity: at 0 a sync logs nothing; at 2 it logs "Syncing nftables rules".
+    // One sync after each reload lets any line from before it reach the log; the sync
+    // after that is the one counted.
     k.verbosity = 0;
     r.rewrite(h, &file, &k.toml());
+    h.settle();
     let quiet_before = count_in_log(h, i, "Syncing nftables rules");
     h.settle();
     let quiet_after = count_in_log(h, i, "Syncing nftables rules");
     k.verbosity = 2;
     r.rewrite(h, &file, &k.toml());
     h.settle();
-    let loud_after = count_in_log(h, i, "Syncing nftables rules");
+    let loud_after = wait_until(
+        "'Syncing nftables rules' at v=2",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || Some(count_in_log(h, i, "Syncing nftables rules")).filter(|n| *n > quiet_after),
+    )
+    .unwrap_or(quiet_after);
     if quiet_after != quiet_before || loud_after <= quiet_after {
         h.fail(format!(
             "verbosity: 'Syncing nftables rules' lines {quiet_before} -> {quiet_after} at v=0, -> {loud_after} at v=2"
@@ -1272,6 +1298,36 @@ fn reload(h: &mut Harness) {
     h.probe(&[p("pod1", "tcp", vip, 80, all(&["pod2<-pod1"]))]);
     r.rewrite(h, &file, &good);
 
+    // The file gone (a volume being remounted) and SIGHUP: refused as well, nothing changes.
+    let failed_before = count_in_log(h, i, "RELOAD FAILED");
+    std::fs::remove_file(&file).unwrap();
+    h.sides[i].proxy.signal("-HUP");
+    let gone = wait_until(
+        "a reload without the file refused",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || {
+            let records = log_records(h, i, "RELOAD FAILED");
+            (records.len() > failed_before).then(|| records.last().unwrap().clone())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    note(format!("reload: without the file: {}", cut(&gone, 300)));
+    if let Err(e) = r.conn.ask("without the file") {
+        h.fail(format!("the held connection without the file: {e}"));
+    }
+    h.probe(&[p(
+        "pod1",
+        "tcp",
+        NODE_POD_SIDE_IP,
+        30080,
+        all(&["pod2<-masq"]),
+    )]);
+    // Back, with a change: the watcher compares contents once a burst of events settles, and
+    // the same content as before the removal is rightly no reason to reload.
+    k.min_sync_period = "1s";
+    r.rewrite(h, &file, &k.toml());
+
     // Fill up to 20 reloads, alternating SIGHUP and rewrites.
     let mut toggle = false;
     while r.done < 16 {
@@ -1304,6 +1360,7 @@ fn reload(h: &mut Harness) {
         &[],
     );
     h.settle();
+    r.generation = 0;
     // The same connection: a restart leaves the rules and conntrack alone.
     if let Err(e) = r.conn.ask("after the restart with the YAML") {
         h.fail(format!("the held connection after the restart: {e}"));
