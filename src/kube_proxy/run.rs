@@ -26,7 +26,7 @@ use super::model::IpFamily;
 use super::nft::exec::{Applier, NftError};
 use super::node_settings::{self, NodeIps};
 use super::proxier::wanted::NodeWants;
-use super::proxier::{AfterSync, Proxier, SyncStatus, FULL_SYNC_PERIOD};
+use super::proxier::{AfterSync, Proxier, QueueMarks, SyncStatus, FULL_SYNC_PERIOD};
 use super::ruleset::settings::Settings;
 use super::runner::{self, Intervals};
 use super::servers::{self, BindError, Port};
@@ -133,7 +133,6 @@ impl runner::SyncTarget for FamilyRun {
             let s = self.settings.borrow_and_update().clone();
             self.proxier.set_settings(s);
         }
-        self.proxier.queued();
         self.proxier.sync()
     }
 }
@@ -283,6 +282,10 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     );
     let health = Arc::new(ProxyHealth::new(config.sync_period * 2));
     let store = Store::new(&families);
+    store.set_listener(Arc::new(QueueMarks {
+        health: health.clone(),
+        metrics: metrics.clone(),
+    }));
     let statuses: Vec<(IpFamily, Arc<Mutex<SyncStatus>>)> = families
         .iter()
         .map(|f| (*f, Arc::new(Mutex::new(SyncStatus::default()))))

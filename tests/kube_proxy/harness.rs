@@ -24,7 +24,7 @@ use serde_json::json;
 use super::api::{self, Apiserver, Ep, Kube, KubeNs, Proto, Slice, Svc};
 use super::node::{self, NodeNs};
 use super::probe::{self, Expect};
-use super::procs::{ns_must, Proc};
+use super::procs::{self, ns_must, Proc};
 use super::proxy::{self, Args, Impl};
 use super::ruleset::{self, Table};
 use super::NODE_NAME;
@@ -181,7 +181,8 @@ pub struct Side {
     pub argv: Vec<String>,
     // Field order is drop order: the proxy first, then the relay, then the namespaces.
     pub proxy: Proc,
-    relay: Proc,
+    /// None while a test keeps the apiserver out of this node's reach.
+    relay: Option<Proc>,
     pub node: NodeNs,
     /// The tables as the last wait saw them, per family.
     pub tables: BTreeMap<&'static str, Option<Table>>,
@@ -219,6 +220,10 @@ pub struct Harness {
     /// The kubeconfig the proxies get (the relay's end inside a node).
     kubeconfig: PathBuf,
     artefacts: PathBuf,
+    /// Proxies started since the start-up (numbers their logs).
+    restarts: usize,
+    /// How long [`Harness::settle`] waits ([`SYNC_TIMEOUT`] unless a scenario says).
+    pub sync_timeout: Duration,
 }
 
 impl Side {
@@ -281,6 +286,8 @@ impl Harness {
             socket,
             kubeconfig,
             artefacts: artefacts.to_path_buf(),
+            restarts: 0,
+            sync_timeout: SYNC_TIMEOUT,
         };
         h.add_sides(setups);
         h.sides_ready();
@@ -343,7 +350,7 @@ impl Harness {
                 rules: setup.rules,
                 argv,
                 proxy,
-                relay,
+                relay: Some(relay),
                 node,
                 tables: BTreeMap::new(),
                 baseline: BTreeMap::new(),
@@ -354,6 +361,7 @@ impl Harness {
     /// After new sides started: every one has synced once, and their start-up state is kept.
     fn sides_ready(&mut self) {
         self.wait_barrier().unwrap_or_else(|e| panic!("{e}"));
+        self.wait_service_cidrs();
         self.settle_stale().unwrap_or_else(|e| panic!("{e}"));
         self.check_the_comparison_sees_a_difference();
         for s in &mut self.sides {
@@ -405,6 +413,96 @@ impl Harness {
         self.dir.path().to_path_buf()
     }
 
+    /// The kubeconfig the proxies use (the relay's end in their node).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.kubeconfig.clone()
+    }
+
+    /// The apiserver fixture (to stop and start the kube-apiserver).
+    pub fn apiserver(&mut self) -> &mut Apiserver {
+        &mut self.api
+    }
+
+    /// Index of the side labelled `label`.
+    pub fn side_index(&self, label: &str) -> usize {
+        self.sides
+            .iter()
+            .position(|s| s.label == label)
+            .unwrap_or_else(|| panic!("no side {label}"))
+    }
+
+    /// Stops side `label` and deletes its node (for scenarios that need one side only).
+    pub fn remove_side(&mut self, label: &str) {
+        let i = self.side_index(label);
+        drop(self.sides.remove(i));
+    }
+
+    /// Stops side `i`'s proxy (SIGKILL when `kill`, else SIGTERM) and starts its program
+    /// again with `args` (see [`proxy::args`]) and `env`; returns the new log's path. Does not
+    /// wait for it to sync.
+    pub fn restart_proxy(
+        &mut self,
+        i: usize,
+        kill: bool,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> PathBuf {
+        self.stop_proxy(i, kill);
+        self.start_proxy(i, args, env)
+    }
+
+    /// Stops side `i`'s proxy; the guard stays until [`Harness::start_proxy`] replaces it.
+    pub fn stop_proxy(&mut self, i: usize, kill: bool) {
+        let side = &mut self.sides[i];
+        if kill {
+            side.proxy.kill();
+        } else {
+            side.proxy.stop();
+        }
+    }
+
+    /// Starts side `i`'s program with `args` and `env` (its previous proxy must be stopped).
+    pub fn start_proxy(&mut self, i: usize, args: &[String], env: &[(&str, &str)]) -> PathBuf {
+        self.restarts += 1;
+        let side = &mut self.sides[i];
+        assert!(
+            side.proxy.exited().is_some(),
+            "side {}: its proxy still runs",
+            side.label
+        );
+        let log = self
+            .dir
+            .path()
+            .join(format!("kube-proxy-{}-{}.log", side.label, self.restarts));
+        side.proxy = proxy::start_with(
+            side.which,
+            &self.api.bin_dir(),
+            &side.node.node,
+            args,
+            env,
+            &log,
+        );
+        log
+    }
+
+    /// Stops the relay into side `i`'s node: its proxy can no longer reach the apiserver.
+    pub fn stop_relay(&mut self, i: usize) {
+        if let Some(mut r) = self.sides[i].relay.take() {
+            r.stop();
+        }
+    }
+
+    /// Starts the relay into side `i`'s node again.
+    pub fn start_relay(&mut self, i: usize) {
+        assert!(self.sides[i].relay.is_none(), "the relay runs");
+        let socket = self.socket.clone();
+        let log = self.dir.path().join(format!(
+            "relay-{}-{}.log",
+            self.sides[i].label, self.restarts
+        ));
+        self.sides[i].relay = Some(api::node_relay(&self.sides[i].node.node, &socket, &log));
+    }
+
     /// The scenario namespace's client.
     pub fn api(&self) -> KubeNs<'_> {
         self.kube.in_namespace(NS)
@@ -453,12 +551,45 @@ impl Harness {
         self.settle_stale().unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// Upstream's first sync may go in before it has listed the ServiceCIDRs (ours waits
+    /// for their first list), so its rule that drops traffic to unallocated ClusterIPs may come one
+    /// sync later. The baseline is taken after every side has it, so that its late arrival
+    /// does not show as a difference in the first scenario that compares with the baseline;
+    /// a test that restarts a proxy waits for it too, so that the sync it adds does not land
+    /// in the middle of what the test measures.
+    pub fn wait_service_cidrs(&mut self) {
+        const RULE: &str = "Drop traffic to unallocated ClusterIPs";
+        for side in self.sides.iter().filter(|s| s.rules == Rules::Nftables) {
+            procs::wait_until(
+                &format!("side {}: the unallocated-ClusterIP rule", side.label),
+                SYNC_TIMEOUT,
+                Duration::from_millis(50),
+                || {
+                    FAMILIES
+                        .iter()
+                        .all(|fam| {
+                            ruleset::dump(&side.node.node, fam)
+                                .ok()
+                                .flatten()
+                                .is_some_and(|t| t.mentions(RULE))
+                        })
+                        .then_some(())
+                },
+            )
+            .unwrap_or_else(|e| panic!("{e}; proxy log:\n{}", side.proxy.log_tail(30)));
+        }
+        // The tables the baseline is taken from include it.
+        self.settle();
+    }
+
     /// Upstream flushes a chain it no longer uses and deletes it in a later sync, at least a
     /// second after; a sync happens only when something changes. So while any side shows a
     /// flushed chain, move the barrier again (each move is one more sync). A program that
     /// never deletes them fails here, after a few rounds.
     fn settle_stale(&mut self) -> Result<(), String> {
-        for _ in 0..4 {
+        let start = Instant::now();
+        let mut rounds = 0;
+        loop {
             let stale: Vec<String> = self
                 .sides
                 .iter()
@@ -473,17 +604,30 @@ impl Harness {
             if stale.is_empty() {
                 return Ok(());
             }
+            // At least 4 more syncs, and (for a proxy whose min sync period is under the
+            // second a flushed chain waits) at least 10 s of them.
+            if rounds >= 4 {
+                if start.elapsed() > Duration::from_secs(10) {
+                    return Err(format!(
+                        "flushed per-Service chains still present after {rounds} more syncs in \
+                         {:?}: {stale:?}",
+                        start.elapsed()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
             self.barrier += 1;
             move_barrier(&self.kube.in_namespace(BARRIER_NS), self.barrier);
             self.wait_barrier()?;
+            rounds += 1;
         }
-        Err("flushed per-Service chains still present after 4 more syncs".into())
     }
 
     /// Polls every side's tables until both families show the current barrier.
     fn wait_barrier(&mut self) -> Result<(), String> {
         let want = u64::from(self.barrier);
-        let deadline = Instant::now() + SYNC_TIMEOUT;
+        let timeout = self.sync_timeout;
+        let deadline = Instant::now() + timeout;
         for side in &mut self.sides {
             loop {
                 if let Some(status) = side.proxy.exited() {
@@ -527,7 +671,7 @@ impl Harness {
                 if Instant::now() > deadline {
                     return Err(format!(
                         "side {} ({}): the barrier's port {want} did not reach the rules within \
-                         {SYNC_TIMEOUT:?} (last seen {}); proxy log:\n{}",
+                         {timeout:?} (last seen {}); proxy log:\n{}",
                         side.label,
                         side.which.label(),
                         seen.join("; "),
@@ -806,9 +950,23 @@ impl Harness {
 }
 
 /// Where a run leaves what a person needs to read a failure (the cargo target's tmp dir, which
-/// outlives the run's own directory). Emptied when a run starts.
+/// outlives the run's own directory): `kube-proxy-side-by-side/` for that test binary, one
+/// directory per test binary (named after it) so that one binary's run does not empty
+/// another's. Emptied when a run starts.
 pub fn artefacts() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kube-proxy-side-by-side")
+    let exe = std::env::current_exe().unwrap_or_default();
+    let stem = exe
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Cargo names a test binary `<target>-<hash>`.
+    let target = stem.rsplit_once('-').map_or(stem.as_str(), |(t, _)| t);
+    let name = if target.is_empty() {
+        "kube-proxy-side-by-side".to_string()
+    } else {
+        target.replace('_', "-")
+    };
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name)
 }
 
 /// "a, b, c": the sides' labels.

@@ -108,11 +108,23 @@ pub fn argv(spec: &Args, kubeconfig: &Path, dir: &Path) -> Vec<String> {
 }
 
 pub fn start(which: Impl, upstream_dir: &Path, ns: &str, kubeconfig: &Path, log: &Path) -> Proc {
-    start_argv(which, upstream_dir, ns, &args(kubeconfig), log)
+    start_with(which, upstream_dir, ns, &args(kubeconfig), &[], log)
 }
 
 /// Starts `which` in namespace `ns` with these arguments.
 pub fn start_argv(which: Impl, upstream_dir: &Path, ns: &str, args: &[String], log: &Path) -> Proc {
+    start_with(which, upstream_dir, ns, args, &[], log)
+}
+
+/// The program with the given flags (instead of [`args`]) and extra environment.
+pub fn start_with(
+    which: Impl,
+    upstream_dir: &Path,
+    ns: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Proc {
     let bin = which.binary(upstream_dir);
     let bin = bin.to_str().expect("utf-8 path");
     let mut argv = vec![bin];
@@ -121,7 +133,7 @@ pub fn start_argv(which: Impl, upstream_dir: &Path, ns: &str, args: &[String], l
         &format!("kube-proxy ({}, {ns})", which.label()),
         Some(ns),
         &argv,
-        &[],
+        env,
         log,
     )
 }
