@@ -19,7 +19,9 @@ check "no ANSI escapes in messages" eval '[[ "$(jq -r ".MESSAGE // empty" <<<"$J
 step_end
 
 step_begin "watchdog (runtime drop-in WatchdogSec=2s: WATCHDOG=1 pings while syncs are healthy, no kill)"
-drop_in zz-watchdog 'WatchdogSec=2s'
+# Transactions go through nft -f here (they default to netlink), so that a failing nft below
+# makes the syncs fail.
+drop_in zz-watchdog 'WatchdogSec=2s' 'Environment=KUBE_PROXY_NFT_APPLIER=nft'
 restart
 check "restarted with WatchdogSec=2s" test "$(show WatchdogUSec)" = 2s
 PID_BEFORE="$(main_pid)" NR_BEFORE="$(show NRestarts)"; sleep 0.5
@@ -28,7 +30,22 @@ check "WATCHDOG=1 received (WatchdogTimestamp advanced: $WD1 -> $WD2)" test "${W
 check "no watchdog kill after 4 s (same MainPID, NRestarts $NR_BEFORE, active/running)" \
   test "$(main_pid)/$(show NRestarts)/$(show ActiveState)" = "$PID_BEFORE/$NR_BEFORE/active"
 check "STATUS= refreshed with the pings (StatusText: $(show StatusText))" eval '[[ "$(show StatusText)" == *"service ports"* ]]'
+# Pings stop once a requested sync has waited 2 x the sync period (10 s with the reference
+# flags): nft is made to fail, a new Service asks for a sync, and systemd's watchdog must kill
+# and restart the process. The rules in the kernel serve meanwhile.
+dial_start watchdog
+c mv /usr/sbin/nft /usr/sbin/nft.real
+printf '#!/bin/sh\nexit 1\n' >"$CROOT/usr/sbin/nft"; chmod 0755 "$CROOT/usr/sbin/nft"
+PID_BEFORE="$(main_pid)" NR_BEFORE="$(show NRestarts)"
+kp_service kp echo2 10.96.0.81 80 "$POD_PORT"
+check "with every nft failing, the syncs stop being healthy and systemd's watchdog kills it (journal: Watchdog timeout)" \
+  wait_for 40 eval '[[ "$(c journalctl -u "$UNIT" --no-pager -o cat | grep -c "Watchdog timeout")" -ge 1 ]]'
+c mv /usr/sbin/nft.real /usr/sbin/nft
+check "nft working again: restarted (NRestarts $NR_BEFORE -> more, a new MainPID), active/running" \
+  wait_for 40 eval '[[ "$(show NRestarts)" -gt "$NR_BEFORE" ]] && ! same_pid "$PID_BEFORE" && active_running'
+dial_end "while its syncs failed and the watchdog restarted it"
 drop_in_remove zz-watchdog
+restart
 step_end
 
 step_begin "systemctl stop: exit 0, the rules stay in the kernel and keep serving"
