@@ -520,3 +520,27 @@ fn the_reference_toml_holds_every_key_at_its_default() {
     }
     assert!(text.contains("\n[feature_gates]\n"));
 }
+
+/// The packaged /etc/kubernetes/kube-proxy.toml (config/kube-proxy.toml.deploy) loads and says
+/// what the package promises: the kubeconfig whose presence the unit waits for, nftables mode.
+#[test]
+fn the_packaged_template_loads_and_names_the_units_kubeconfig() {
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/config/kube-proxy.toml.deploy");
+    let toml = written(&[&format!("--config={template}")], &[], "x.toml");
+    let kubeconfig = "/etc/kubernetes/kube-proxy.kubeconfig";
+    assert!(
+        toml.contains(&format!("kubeconfig = \"{kubeconfig}\"")),
+        "{toml}"
+    );
+    assert!(toml.contains("proxy_mode = \"nftables\""), "{toml}");
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/kube-proxy.service"
+    ))
+    .unwrap();
+    assert!(
+        unit.lines()
+            .any(|l| l == format!("ConditionPathExists={kubeconfig}")),
+        "the unit waits for another kubeconfig"
+    );
+}
