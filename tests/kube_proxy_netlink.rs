@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use kube_traffic::kube_proxy::model::{IpFamily, Protocol, ServiceName};
-use kube_traffic::kube_proxy::nft::exec::Applied;
+use kube_traffic::kube_proxy::nft::applied::Applied;
 use kube_traffic::kube_proxy::nft::netlink::{Netlink, NetlinkError};
 use kube_traffic::kube_proxy::nft::objects::{Object, Transaction};
 use kube_traffic::kube_proxy::nft::rule::{Rule, Stmt};

@@ -26,6 +26,7 @@
 mod attr;
 pub mod batch;
 mod consts;
+mod element;
 mod expr;
 mod intervals;
 mod lower;
@@ -42,7 +43,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::exec::Applied;
+use super::applied::Applied;
 use super::objects::{render_op, Transaction};
 use batch::{encode, Batch, EncodeFailure, Options};
 use socket::{NfSocket, SocketError};
