@@ -50,7 +50,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 
 use kube_proxy::api::{Ep, Proto::*, Slice, Svc};
-use kube_proxy::harness::{all, artefacts, p, Harness, SideSpec};
+use kube_proxy::harness::{all, p, Harness, SideSpec};
 use kube_proxy::node::{CLIENT_IP, NODE_IP, NODE_POD_SIDE_IP};
 use kube_proxy::nsock::{self, LineConn};
 use kube_proxy::procs::{ns_run, wait_until};
@@ -132,34 +132,7 @@ fn kube_proxy_behaviour() {
             }
         }
     }
-    let timings: Vec<String> = h
-        .timings
-        .iter()
-        .map(|(n, d)| format!("  {n:<20} {:>6.1} s", d.as_secs_f64()))
-        .collect();
-    let summary = format!(
-        "{}\nprobes:\n{}\ntimings:\n{}\n  total {:.1} s\n",
-        REPORT.lock().unwrap().join("\n"),
-        h.report_table(),
-        timings.join("\n"),
-        t0.elapsed().as_secs_f64()
-    );
-    eprintln!("{summary}");
-    let _ = std::fs::write(artefacts().join("summary.txt"), &summary);
-    if !h.failures.is_empty() {
-        eprintln!("logs: {}", h.save_logs().display());
-    }
-    if std::env::var("KP_KEEP").is_ok_and(|v| v == "1") {
-        eprintln!("KP_KEEP=1: kept {}", h.keep_dir().display());
-    }
-    let failures = std::mem::take(&mut h.failures);
-    drop(h);
-    assert!(
-        failures.is_empty(),
-        "{} failure(s):\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    h.finish(&REPORT.lock().unwrap().join("\n"), t0);
 }
 
 /// When a change arrives while the min sync period holds the next sync back, upstream marks
@@ -1268,18 +1241,9 @@ fn reload(h: &mut Harness) {
         .position(|l| l.starts_with("masquerade_all"))
         .unwrap()
         + 1;
-    let failed_before = count_in_log(h, i, "RELOAD FAILED");
-    std::fs::write(&file, &bad).unwrap();
-    let refusal = wait_until(
-        "the invalid file refused",
-        Duration::from_secs(20),
-        Duration::from_millis(20),
-        || {
-            let records = log_records(h, i, "RELOAD FAILED");
-            (records.len() > failed_before).then(|| records.last().unwrap().clone())
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let refusal = next_refusal(h, i, "the invalid file refused", |_| {
+        std::fs::write(&file, &bad).unwrap()
+    });
     if !refusal.contains("masquerade_all") || !refusal.contains(&format!("line {bad_line}")) {
         h.fail(format!(
             "the refusal does not name the key masquerade_all and line {bad_line}: {refusal}"
@@ -1304,19 +1268,10 @@ fn reload(h: &mut Harness) {
     r.rewrite(h, &file, &good);
 
     // The file gone (a volume being remounted) and SIGHUP: refused as well, nothing changes.
-    let failed_before = count_in_log(h, i, "RELOAD FAILED");
-    std::fs::remove_file(&file).unwrap();
-    h.sides[i].proxy.signal("-HUP");
-    let gone = wait_until(
-        "a reload without the file refused",
-        Duration::from_secs(20),
-        Duration::from_millis(20),
-        || {
-            let records = log_records(h, i, "RELOAD FAILED");
-            (records.len() > failed_before).then(|| records.last().unwrap().clone())
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let gone = next_refusal(h, i, "a reload without the file refused", |h| {
+        std::fs::remove_file(&file).unwrap();
+        h.sides[i].proxy.signal("-HUP");
+    });
     note(format!("reload: without the file: {}", cut(&gone, 300)));
     if let Err(e) = r.conn.ask("without the file") {
         h.fail(format!("the held connection without the file: {e}"));
@@ -1402,18 +1357,7 @@ fn reload(h: &mut Harness) {
         .position(|l| l.contains("maxPerCore"))
         .unwrap()
         + 1;
-    let failed_before = count_in_log(h, i, "RELOAD FAILED");
-    cm.swap(&bad_yaml);
-    let refusal = wait_until(
-        "the invalid YAML refused",
-        Duration::from_secs(20),
-        Duration::from_millis(20),
-        || {
-            let records = log_records(h, i, "RELOAD FAILED");
-            (records.len() > failed_before).then(|| records.last().unwrap().clone())
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let refusal = next_refusal(h, i, "the invalid YAML refused", |_| cm.swap(&bad_yaml));
     if !refusal.contains("maxPerCore") || !refusal.contains(&format!("line {bad_line}")) {
         h.fail(format!(
             "the YAML refusal does not name conntrack.maxPerCore and line {bad_line}: {refusal}"
@@ -1439,6 +1383,23 @@ fn reload(h: &mut Harness) {
     }
     drop(r);
     restart_default(h, i, false, &[], &[]);
+}
+
+/// Does `act` (an invalid configuration given), then waits for the reload it causes to be
+/// refused: the refusal's log record.
+fn next_refusal(h: &Harness, i: usize, what: &str, act: impl FnOnce(&Harness)) -> String {
+    let failed_before = count_in_log(h, i, "RELOAD FAILED");
+    act(h);
+    wait_until(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || {
+            let records = log_records(h, i, "RELOAD FAILED");
+            (records.len() > failed_before).then(|| records.last().unwrap().clone())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 impl Reloads {

@@ -245,33 +245,7 @@ fn every_proxy_mode_gets_its_answer() {
         }
     }
 
-    let timings: Vec<String> = h
-        .timings
-        .iter()
-        .map(|(n, d)| format!("  {n:<40} {:>6.2} s", d.as_secs_f64()))
-        .collect();
-    let summary = format!(
-        "{}\ntimings:\n{}\n  total {:.1} s\n",
-        h.report_table(),
-        timings.join("\n"),
-        t0.elapsed().as_secs_f64()
-    );
-    eprintln!("{summary}");
-    let _ = std::fs::write(artefacts().join("summary.txt"), &summary);
-    if !h.failures.is_empty() {
-        eprintln!("logs: {}", h.save_logs().display());
-    }
-    if std::env::var("KP_KEEP").is_ok_and(|v| v == "1") {
-        eprintln!("KP_KEEP=1: kept {}", h.keep_dir().display());
-    }
-    let failures = std::mem::take(&mut h.failures);
-    drop(h);
-    assert!(
-        failures.is_empty(),
-        "{} failure(s):\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    h.finish("modes", t0);
 }
 
 // ------------------------------------------------------------------------------------ helpers

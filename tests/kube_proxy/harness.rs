@@ -407,6 +407,39 @@ impl Harness {
         to
     }
 
+    /// Ends a run: prints and writes `summary.txt` (the header, the probe table, the steps'
+    /// timings), saves the logs of a failed run, keeps the run's directory under `KP_KEEP=1`,
+    /// stops every process, then fails the test with every failure recorded.
+    pub fn finish(mut self, header: &str, started: Instant) {
+        let timings: Vec<String> = self
+            .timings
+            .iter()
+            .map(|(n, d)| format!("  {n:<40} {:>6.2} s", d.as_secs_f64()))
+            .collect();
+        let summary = format!(
+            "{header}\nprobes:\n{}\ntimings:\n{}\n  total {:.1} s\n",
+            self.report_table(),
+            timings.join("\n"),
+            started.elapsed().as_secs_f64()
+        );
+        eprintln!("{summary}");
+        let _ = std::fs::write(self.artefacts.join("summary.txt"), &summary);
+        if !self.failures.is_empty() {
+            eprintln!("logs and differing tables: {}", self.save_logs().display());
+        }
+        if std::env::var("KP_KEEP").is_ok_and(|v| v == "1") {
+            eprintln!("KP_KEEP=1: kept {}", self.keep_dir().display());
+        }
+        let failures = std::mem::take(&mut self.failures);
+        drop(self);
+        assert!(
+            failures.is_empty(),
+            "{} failure(s):\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+    }
+
     /// Keeps the run's directory (logs, apiserver data) after the harness is dropped.
     pub fn keep_dir(&mut self) -> PathBuf {
         self.dir.disable_cleanup(true);
