@@ -109,7 +109,12 @@ fn normalise(mut table: Table) -> Table {
 }
 
 fn full(scenario: &Scenario, settings: &Settings) -> kube_traffic::kube_proxy::ruleset::sync::Plan {
-    scenario.plan(&KernelView::new(), settings, SyncKind::Full, &HashSet::new())
+    scenario.plan(
+        &KernelView::new(),
+        settings,
+        SyncKind::Full,
+        &HashSet::new(),
+    )
 }
 
 fn scenario_of(suite: &Suite) -> Scenario {
@@ -206,7 +211,11 @@ fn repair_and_compare(
 ) -> usize {
     let family = settings.family;
     let listing = node.read(family, what);
-    let (plan, adoption) = adopt(full(scenario, settings), &listing.table, &listing.unsupported);
+    let (plan, adoption) = adopt(
+        full(scenario, settings),
+        &listing.table,
+        &listing.unsupported,
+    );
     let Adoption::Repaired { operations } = adoption else {
         panic!("{what}: not repaired: {adoption:?}");
     };
@@ -218,18 +227,30 @@ fn repair_and_compare(
     node.apply(&plan.tx, &format!("{what}, the repair"));
     let mut view = KernelView::new();
     view.commit(plan, Instant::now());
-    if let Some((stale, names)) = view.stale_cleanup(settings, Instant::now() + Duration::from_secs(2)) {
+    if let Some((stale, names)) =
+        view.stale_cleanup(settings, Instant::now() + Duration::from_secs(2))
+    {
         node.apply(&stale, &format!("{what}, the stale chains"));
         view.stale_deleted(&names);
     }
     reference.reset();
-    reference.apply(&full(scenario, settings).tx, &format!("{what}, the reference"));
+    reference.apply(
+        &full(scenario, settings).tx,
+        &format!("{what}, the reference"),
+    );
     let (got, want) = (node.listed(family), reference.listed(family));
     assert!(got == want, "{what}:\n{}", dump_diff(&got, &want));
     // And now nothing is left to repair.
     let listing = node.read(family, what);
-    let (_, again) = adopt(full(scenario, settings), &listing.table, &listing.unsupported);
-    assert!(matches!(again, Adoption::Adopted { .. }), "{what}: {again:?}");
+    let (_, again) = adopt(
+        full(scenario, settings),
+        &listing.table,
+        &listing.unsupported,
+    );
+    assert!(
+        matches!(again, Adoption::Adopted { .. }),
+        "{what}: {again:?}"
+    );
     operations
 }
 
@@ -350,7 +371,11 @@ fn tables_changed_by_hand_are_repaired_and_a_changed_declaration_is_replaced() {
             .nft_stdin(&commands)
             .unwrap_or_else(|e| panic!("{what}: {e}\n{commands}"));
         let listing = node.read(family, &what);
-        let (plan, adoption) = adopt(full(&scenario, settings), &listing.table, &listing.unsupported);
+        let (plan, adoption) = adopt(
+            full(&scenario, settings),
+            &listing.table,
+            &listing.unsupported,
+        );
         match &adoption {
             Adoption::Replaced { reason } => {
                 assert!(reason.contains("firewall-ips"), "{what}: {reason}")

@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use kube_traffic::kube_proxy::model::{IpFamily, Protocol, ServiceName};
-use kube_traffic::kube_proxy::nft::exec::Applied;
+use kube_traffic::kube_proxy::nft::applied::Applied;
 use kube_traffic::kube_proxy::nft::netlink::{Netlink, NetlinkError};
 use kube_traffic::kube_proxy::nft::objects::{Object, Transaction};
 use kube_traffic::kube_proxy::nft::rule::{Rule, Stmt};
@@ -308,7 +308,8 @@ fn a_refused_transaction_names_its_operation_and_changes_nothing() {
 
 /// nft's and our time and memory for a full sync of N Services of E endpoints each
 /// (N=10000 E=10 by default), each in a fresh namespace; and, for ours, what a restart on
-/// that table costs instead (reading it back, comparing it with the full sync's):
+/// that table costs instead: reading it back, comparing it with the full sync's, sending the
+/// difference, against replacing the table with the full sync as a restart did before:
 ///
 /// ```text
 /// N=10000 E=10 cargo test --release --test kube_proxy_netlink scale_probe -- --ignored --nocapture
@@ -378,6 +379,8 @@ fn scale_probe() {
     let read = start.elapsed();
     let cpu_after = cpu_times(UsageWho::RUSAGE_SELF);
     let stats = listing.stats;
+    // Kept to time replacing the table, what a restart does without adoption.
+    let full_tx = plan.tx.clone();
     let start = Instant::now();
     let (adopted, adoption) = adopt(plan, &listing.table, &listing.unsupported);
     let diff = start.elapsed();
@@ -404,11 +407,35 @@ fn scale_probe() {
         peak.saturating_sub(before) / 1024,
         before / 1024
     );
-    assert!(
-        matches!(adoption, Adoption::Adopted { .. }),
-        "{adoption:?}"
+    assert!(matches!(adoption, Adoption::Adopted { .. }), "{adoption:?}");
+    let start = Instant::now();
+    netlink
+        .apply_blocking(&adopted.tx)
+        .expect("the kernel takes the adoption's transaction");
+    let adopted_apply = start.elapsed();
+    eprintln!(
+        "first sync of a restart, adopting: {:.2} s (read {:.2} s + diff {:.2} s + sending {} operations {:.2} s)",
+        (read + diff + adopted_apply).as_secs_f64(),
+        read.as_secs_f64(),
+        diff.as_secs_f64(),
+        adopted.tx.len(),
+        adopted_apply.as_secs_f64()
     );
     drop((listing, adopted));
+    // Without adoption the first sync replaces the table the previous run left.
+    let start = Instant::now();
+    let replaced: Applied = netlink
+        .apply_blocking(&full_tx)
+        .expect("the kernel takes the full sync over the table");
+    eprintln!(
+        "first sync of a restart, replacing: {:.2} s ({} operations)",
+        start
+            .elapsed()
+            .as_secs_f64()
+            .max(replaced.elapsed.as_secs_f64()),
+        full_tx.len()
+    );
+    drop(full_tx);
     drop(ns);
 
     let ns = Netns::new("scale-nft").expect("a namespace");

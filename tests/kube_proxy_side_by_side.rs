@@ -22,7 +22,7 @@
 mod kube_proxy;
 
 use kube_proxy::api::{Ep, Proto::*, Slice, Svc};
-use kube_proxy::harness::{all, artefacts, one_of, p, Harness, KnownDiff, SideSpec};
+use kube_proxy::harness::{all, one_of, p, Harness, KnownDiff, SideSpec};
 use kube_proxy::proxy::Impl;
 
 /// What the "rs" side runs (`KP_RS=upstream` runs upstream on both, to check the harness).
@@ -120,34 +120,7 @@ fn side_by_side_scenarios() {
         .iter()
         .map(|s| format!("{} = {}", s.label, s.which.label()))
         .collect();
-    let timings: Vec<String> = h
-        .timings
-        .iter()
-        .map(|(n, d)| format!("  {n:<28} {:>6.2} s", d.as_secs_f64()))
-        .collect();
-    let summary = format!(
-        "sides: {}\n{}\ntimings:\n{}\n  total {:.1} s\n",
-        sides_text.join(", "),
-        h.report_table(),
-        timings.join("\n"),
-        t0.elapsed().as_secs_f64()
-    );
-    eprintln!("{summary}");
-    let _ = std::fs::write(artefacts().join("summary.txt"), &summary);
-    if !h.failures.is_empty() {
-        eprintln!("logs and differing tables: {}", h.save_logs().display());
-    }
-    if std::env::var("KP_KEEP").is_ok_and(|v| v == "1") {
-        eprintln!("KP_KEEP=1: kept {}", h.keep_dir().display());
-    }
-    let failures = std::mem::take(&mut h.failures);
-    drop(h);
-    assert!(
-        failures.is_empty(),
-        "{} failure(s):\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    h.finish(&format!("sides: {}", sides_text.join(", ")), t0);
 }
 
 // ---------------------------------------------------------------------------- scenarios

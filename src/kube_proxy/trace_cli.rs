@@ -1,9 +1,9 @@
 //! `kube-proxy trace`: where would a new connection go? Reads the table the kernel holds
-//! (over netlink, as the proxy itself reads it at start-up; `nft -j list table` only when that
-//! fails, so the `nft` program is not needed), walks the connection's first packet through it with the tracer the
-//! proxy's own tests use, and prints the rules it meets and where it ends: the endpoints a
-//! random pick may choose (and whether the endpoint sees the client's address or the node's),
-//! a drop or a reject.
+//! (over netlink, as the proxy itself reads it at start-up, so the `nft` program is not
+//! needed; `nft -j list table` only when that fails), walks the connection's first packet
+//! through it with the tracer the proxy's own tests use, and prints the rules it meets and
+//! where it ends: the endpoints a random pick may choose (and whether the endpoint sees the
+//! client's address or the node's), a drop or a reject.
 //!
 //! ```text
 //! kube-proxy trace --from 10.244.1.2 --to 10.96.0.10:53 --protocol udp

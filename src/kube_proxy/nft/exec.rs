@@ -7,11 +7,12 @@
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
+use super::applied::Applied;
 use super::netlink::{Netlink, NetlinkError};
 use super::objects::{render_op, Transaction, TABLE};
 use crate::kube_proxy::model::IpFamily;
@@ -112,14 +113,6 @@ impl Applier {
             Applier::Nft(nft) => nft.run(tx).await,
         }
     }
-}
-
-/// How one transaction went in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Applied {
-    pub operations: usize,
-    pub bytes: usize,
-    pub elapsed: Duration,
 }
 
 /// The `nft` program.

@@ -4,6 +4,7 @@
 //! (`table`). A transaction reaches the kernel in one of two ways: through `nft -f -`
 //! (`exec`), or as nf_tables netlink messages written here (`netlink`).
 
+pub mod applied;
 pub mod exec;
 pub mod json;
 pub mod names;

@@ -62,7 +62,10 @@ pub fn adopt(full: Plan, actual: &Table, unsupported: &[String]) -> (Plan, Adopt
         Ok(repair) if repair.tx.is_empty() && repair.stale.is_empty() => {
             let chains = actual.chains.len();
             let tx = Transaction::new(full.tx.family);
-            (full.reached_by(tx, Vec::new()), Adoption::Adopted { chains })
+            (
+                full.reached_by(tx, Vec::new()),
+                Adoption::Adopted { chains },
+            )
         }
         Ok(repair) => {
             let operations = repair.tx.len();
@@ -90,10 +93,7 @@ fn dynamic(set: &Set) -> bool {
 
 /// Whether a rule read back from the kernel is the rule wanted.
 fn same_rule(actual: &Rule, wanted: &Rule) -> bool {
-    let has_addresses = wanted
-        .stmts
-        .iter()
-        .any(|s| matches!(s, Stmt::Addr { .. }));
+    let has_addresses = wanted.stmts.iter().any(|s| matches!(s, Stmt::Addr { .. }));
     if has_addresses {
         *actual == canon::rule(wanted)
     } else {
@@ -252,7 +252,12 @@ fn element_object(set: &str, key: &Key, value: Option<Verdict>, comment: Option<
 
 /// The repair applied to the model of the kernel's table must be taken, and leave `expected`
 /// but for the stale chains (empty, deleted later) and the dynamic sets' elements (kept).
-fn check(actual: &Table, tx: &Transaction, stale: &[String], expected: &Table) -> Result<(), String> {
+fn check(
+    actual: &Table,
+    tx: &Transaction,
+    stale: &[String],
+    expected: &Table,
+) -> Result<(), String> {
     if tx.is_empty() {
         return if stale.is_empty() {
             Ok(())

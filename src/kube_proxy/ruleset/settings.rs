@@ -78,6 +78,12 @@ pub struct Settings {
     /// NodePorts answer on 127.0.0.1 too (iptables mode's `--iptables-localhost-nodeports`,
     /// IPv4 only, when the NodePort addresses cover loopback).
     pub localhost_node_ports: bool,
+    /// Hairpin connections (a pod to its own Service) carry the masquerade mark through the
+    /// forward hook (iptables and ipvs modes): the KUBE-FORWARD chain those modes add to
+    /// iptables accepts marked packets under a FORWARD policy of DROP, and upstream's
+    /// iptables mode marks hairpin connections in its endpoint chains, before FORWARD, where
+    /// the nftables ruleset only masquerades them at postrouting.
+    pub mark_hairpin_for_forward: bool,
 }
 
 impl Settings {
@@ -100,6 +106,7 @@ impl Settings {
             zone: None,
             pick: Pick::Random,
             localhost_node_ports: false,
+            mark_hairpin_for_forward: false,
         }
     }
 }

@@ -9,8 +9,9 @@ use std::collections::HashMap;
 
 use super::attr::{comment_udata, Writer};
 use super::consts::*;
+use super::element::Element;
 use super::lower::{self, SetIds};
-use super::sets::{self, key_bytes, verdict_value, Element, FamilyInfo};
+use super::sets::{self, key_bytes, verdict_value, FamilyInfo};
 use super::Unsupported;
 use crate::kube_proxy::nft::objects::{ChainType, Hook, Object, Transaction, Verb, TABLE};
 

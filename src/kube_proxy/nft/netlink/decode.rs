@@ -7,8 +7,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::consts::*;
+use super::element::ElementValue;
 use super::parse::{self, Malformed, Table as Attrs};
-use super::sets::ElementValue;
 use crate::kube_proxy::model::Protocol;
 use crate::kube_proxy::nft::objects::{BaseChain, ChainType, Hook, Key, SetKind, SetSpec, Verdict};
 use crate::kube_proxy::nft::table::Chain;

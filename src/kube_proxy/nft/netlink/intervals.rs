@@ -10,7 +10,7 @@ use ipnet::IpNet;
 
 use super::attr::Udata;
 use super::consts::{UDATA_SET_ELEM_FLAGS, UDATA_SET_ELEM_F_INTERVAL_OPEN};
-use super::sets::Element;
+use super::element::Element;
 
 fn value(net: &IpNet) -> u128 {
     match net.network() {

@@ -20,8 +20,9 @@
 //! - `socket`: sending the batch whole and reading every message's ack.
 //!
 //! And the other way, a family's table read back from the kernel (`read`): dump requests,
-//! the answers' attributes (`parse`), the objects (`decode`), the rules' statements
-//! (`unlower`, the inverse of `lower`), and the form the kernel keeps a rule in (`canon`).
+//! the answers' attributes (`parse`), the objects (`decode`), a rule's expressions
+//! (`unexpr`) and its statements (`unlower`, the inverse of `lower`), and the form the
+//! kernel keeps a rule in (`canon`).
 //!
 //! The batch is atomic: every message is acknowledged, and any refusal names the
 //! operation whose message the kernel refused (its rendered text, as `nft -f` would have
@@ -32,6 +33,7 @@ pub mod batch;
 pub mod canon;
 mod consts;
 mod decode;
+mod element;
 mod expr;
 mod intervals;
 mod lower;
@@ -39,6 +41,7 @@ mod parse;
 pub mod read;
 mod sets;
 pub mod socket;
+mod unexpr;
 mod unlower;
 
 #[cfg(test)]
@@ -51,7 +54,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::exec::Applied;
+use super::applied::Applied;
 use super::objects::{render_op, Transaction};
 use crate::kube_proxy::model::IpFamily;
 use batch::{encode, Batch, EncodeFailure, Options};

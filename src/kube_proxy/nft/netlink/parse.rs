@@ -179,13 +179,6 @@ impl<'a> Table<'a> {
         self.slots.get(usize::from(kind)).copied().flatten()
     }
 
-    pub fn need(&self, kind: u16) -> Result<&'a [u8], Malformed> {
-        self.get(kind).ok_or(Malformed::Missing {
-            what: self.what,
-            kind,
-        })
-    }
-
     fn fixed<const N: usize>(&self, kind: u16) -> Result<Option<[u8; N]>, Malformed> {
         match self.get(kind) {
             None => Ok(None),
@@ -306,7 +299,10 @@ mod tests {
         assert_eq!(table.be32(3), Ok(None));
         // Userdata TLVs past their end.
         assert_eq!(udata(&[0, 5, b'a'], 0), None);
-        assert_eq!(udata_comment(&[1, 1, 9, 0, 3, b'h', b'i', 0], 0).as_deref(), Some("hi"));
+        assert_eq!(
+            udata_comment(&[1, 1, 9, 0, 3, b'h', b'i', 0], 0).as_deref(),
+            Some("hi")
+        );
     }
 
     #[test]
@@ -322,10 +318,17 @@ mod tests {
         let bytes = w.into_bytes();
         let list = messages(&bytes).expect("one message");
         assert_eq!(list.len(), 1);
-        let t = list[0].attributes().and_then(|a| a.table("chain")).expect("attributes");
+        let t = list[0]
+            .attributes()
+            .and_then(|a| a.table("chain"))
+            .expect("attributes");
         assert_eq!(t.need_str(3), Ok("chain"));
         assert_eq!(t.be32(5), Ok(Some(7)));
-        let hook = t.nest(4).expect("a nest").table("hook").expect("attributes");
+        let hook = t
+            .nest(4)
+            .expect("a nest")
+            .table("hook")
+            .expect("attributes");
         assert_eq!(hook.be32(1), Ok(Some(2)));
         assert!(t.need(9).is_err());
     }

@@ -24,7 +24,8 @@ use super::decode::{self, RawElement, RawSet};
 use super::parse::{self, Malformed, Message};
 use super::sets::FamilyInfo;
 use super::socket::{NfSocket, SocketError};
-use super::unlower::{self, Anonymous, Item};
+use super::unexpr::{self, Item};
+use super::unlower::{self, Anonymous};
 use crate::kube_proxy::model::IpFamily;
 use crate::kube_proxy::nft::objects::{SetKind, TABLE};
 use crate::kube_proxy::nft::rule::Rule;
@@ -246,16 +247,22 @@ impl Reader<'_> {
     /// The ruleset's generation: it changes with every transaction the kernel takes.
     fn generation(&mut self) -> Result<u32, ReadError> {
         let mut id = None;
-        let got = self.request(NFT_MSG_GETGEN, false, "the generation", |_| {}, |m| {
-            if m.kind & 0xff == NFT_MSG_NEWGEN {
-                let attrs = m.attributes().and_then(|a| a.table("generation"));
-                id = attrs
-                    .and_then(|t| t.need_be32(NFTA_GEN_ID))
-                    .map(Some)
-                    .map_err(malformed("the generation"))?;
-            }
-            Ok(())
-        });
+        let got = self.request(
+            NFT_MSG_GETGEN,
+            false,
+            "the generation",
+            |_| {},
+            |m| {
+                if m.kind & 0xff == NFT_MSG_NEWGEN {
+                    let attrs = m.attributes().and_then(|a| a.table("generation"));
+                    id = attrs
+                        .and_then(|t| t.need_be32(NFTA_GEN_ID))
+                        .map(Some)
+                        .map_err(malformed("the generation"))?;
+                }
+                Ok(())
+            },
+        );
         match got {
             Ok(()) => id.ok_or_else(|| ReadError::Silent("the generation".into())),
             Err(Failure::Error(e)) => Err(e),
@@ -309,7 +316,10 @@ impl Reader<'_> {
             |_| {},
             |m| {
                 let t = m.attributes().and_then(|a| a.table("chain"));
-                chains.push(t.and_then(|t| decode::chain(&t)).map_err(malformed("chains"))?);
+                chains.push(
+                    t.and_then(|t| decode::chain(&t))
+                        .map_err(malformed("chains"))?,
+                );
                 Ok(())
             },
         )?;
@@ -356,7 +366,10 @@ impl Reader<'_> {
             |w| w.put_strz(NFTA_OBJ_TABLE, TABLE),
             |m| {
                 let t = m.attributes().and_then(|a| a.table("object"));
-                objects.push(t.and_then(|t| decode::object(&t)).map_err(malformed("objects"))?);
+                objects.push(
+                    t.and_then(|t| decode::object(&t))
+                        .map_err(malformed("objects"))?,
+                );
                 Ok(())
             },
         )?;
@@ -418,10 +431,12 @@ impl Reader<'_> {
                 let (_, elements) = t
                     .and_then(|t| decode::elements(&t))
                     .map_err(malformed(&what))?;
-                budget = budget.checked_sub(elements.len()).ok_or(ReadError::TooLarge {
-                    limit: MAX_OBJECTS,
-                    unit: "objects",
-                })?;
+                budget = budget
+                    .checked_sub(elements.len())
+                    .ok_or(ReadError::TooLarge {
+                        limit: MAX_OBJECTS,
+                        unit: "objects",
+                    })?;
                 out.extend(elements);
                 Ok(())
             },
@@ -480,7 +495,7 @@ fn rule(
     let t = m.attributes()?.table("rule")?;
     let chain = t.need_str(NFTA_RULE_CHAIN)?.to_owned();
     let items: Vec<Item> = match t.nest(NFTA_RULE_EXPRESSIONS) {
-        Some(list) => unlower::expressions(list)?,
+        Some(list) => unexpr::expressions(list)?,
         None => Vec::new(),
     };
     let comment = t

@@ -37,7 +37,12 @@ fn kernel_table(s: &Scenario, settings: &Settings) -> Table {
 }
 
 fn full(s: &Scenario, settings: &Settings) -> Plan {
-    s.plan(&KernelView::new(), settings, SyncKind::Full, &HashSet::new())
+    s.plan(
+        &KernelView::new(),
+        settings,
+        SyncKind::Full,
+        &HashSet::new(),
+    )
 }
 
 /// Adopts `actual` for `s`; applies what is sent to `actual` in the model; returns the
@@ -137,7 +142,10 @@ fn a_changed_scenario_is_repaired_to_what_a_full_sync_leaves() {
         assert_eq!(operations, tx.len());
         let text = tx.text();
         assert!(!text.contains("delete table"), "{text}");
-        assert!(!text.contains("ns/svc0/"), "an unchanged Service is left alone: {text}");
+        assert!(
+            !text.contains("ns/svc0/"),
+            "an unchanged Service is left alone: {text}"
+        );
         assert!(
             operations < full(&new, &settings).tx.len() / 3,
             "{operations} operations:\n{text}"
@@ -189,8 +197,15 @@ fn hand_made_changes_are_repaired() {
     rules.insert(0, Rule::new(vec![Stmt::Accept]));
     let wanted = clean.rules(&chain).len();
     let (adoption, _, after, tx) = run(&s, &settings, &actual, &[]);
-    assert_eq!(adoption, Adoption::Repaired { operations: 1 + wanted });
-    assert!(tx.text().starts_with(&format!("flush chain ip kube-proxy {chain}\n")));
+    assert_eq!(
+        adoption,
+        Adoption::Repaired {
+            operations: 1 + wanted
+        }
+    );
+    assert!(tx
+        .text()
+        .starts_with(&format!("flush chain ip kube-proxy {chain}\n")));
     assert_eq!(after.dump(), clean.dump());
 
     // An extra element, and one with another value: deleted; deleted and added.
@@ -210,8 +225,15 @@ fn hand_made_changes_are_repaired() {
     let key = key.clone();
     element.comment = Some("someone else's".into());
     let (adoption, _, after, tx) = run(&s, &settings, &actual, &[]);
-    assert_eq!(adoption, Adoption::Repaired { operations: 3 }, "{}", tx.text());
-    assert!(tx.text().contains(&format!("delete element ip kube-proxy service-ips {{ {key} }}")));
+    assert_eq!(
+        adoption,
+        Adoption::Repaired { operations: 3 },
+        "{}",
+        tx.text()
+    );
+    assert!(tx.text().contains(&format!(
+        "delete element ip kube-proxy service-ips {{ {key} }}"
+    )));
     assert_eq!(after.dump(), clean.dump());
 
     // A deleted endpoint chain (its Service chain emptied first, as the kernel requires).
@@ -226,8 +248,13 @@ fn hand_made_changes_are_repaired() {
         .expect("an endpoint chain");
     actual.chains.remove(&endpoint);
     let (adoption, _, after, tx) = run(&s, &settings, &actual, &[]);
-    assert!(matches!(adoption, Adoption::Repaired { .. }), "{adoption:?}");
-    assert!(tx.text().contains(&format!("add chain ip kube-proxy {endpoint}\n")));
+    assert!(
+        matches!(adoption, Adoption::Repaired { .. }),
+        "{adoption:?}"
+    );
+    assert!(tx
+        .text()
+        .contains(&format!("add chain ip kube-proxy {endpoint}\n")));
     assert_eq!(after.dump(), clean.dump());
 
     // A set's elements all gone: added again.
@@ -249,7 +276,10 @@ fn what_only_a_new_table_can_change_is_replaced() {
     let clean = kernel_table(&s, &settings);
     let replaced = |actual: &Table, unsupported: &[String]| -> String {
         let (plan, adoption) = adopt(full(&s, &settings), actual, unsupported);
-        assert!(plan.tx.text().starts_with("add table ip6 kube-proxy\ndelete table"));
+        assert!(plan
+            .tx
+            .text()
+            .starts_with("add table ip6 kube-proxy\ndelete table"));
         match adoption {
             Adoption::Replaced { reason } => reason,
             other => panic!("not replaced: {other:?}"),
@@ -257,7 +287,12 @@ fn what_only_a_new_table_can_change_is_replaced() {
     };
     // A set declared with another comment, or another timeout.
     let mut actual = clean.clone();
-    actual.sets.get_mut("service-ips").expect("map").spec.comment = None;
+    actual
+        .sets
+        .get_mut("service-ips")
+        .expect("map")
+        .spec
+        .comment = None;
     assert!(replaced(&actual, &[]).contains("service-ips"));
     let mut actual = clean.clone();
     let affinity = actual
