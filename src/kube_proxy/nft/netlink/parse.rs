@@ -330,6 +330,6 @@ mod tests {
             .table("hook")
             .expect("attributes");
         assert_eq!(hook.be32(1), Ok(Some(2)));
-        assert!(t.need(9).is_err());
+        assert!(t.need_str(9).is_err());
     }
 }
