@@ -31,6 +31,12 @@ impl Apiserver {
     /// Starts the fixture in `dir` (which must exist). The Service CIDRs are dual-stack and
     /// outside the node addresses (start.sh's own 10.0.0.0/24 would hold 10.0.0.1, the node).
     pub fn start(dir: &Path) -> Apiserver {
+        Apiserver::start_with(dir, &[])
+    }
+
+    /// [`start`](Self::start) with more of start.sh's knobs (the benchmarks: `KUBE_BIN_DIR`,
+    /// `KUBE_ETCD_DATA` for a populated cluster, `KUBE_START_TIMEOUT`).
+    pub fn start_with(dir: &Path, env: &[(&str, &str)]) -> Apiserver {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kube/start.sh");
         let out = std::process::Command::new("bash")
             .arg(script)
@@ -39,6 +45,7 @@ impl Apiserver {
                 "KUBE_APISERVER_EXTRA_ARGS",
                 "--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112",
             )
+            .envs(env.iter().copied())
             // start.sh's watchdog stops the fixture if this process dies without Drop.
             .env("KUBE_WATCH_PID", std::process::id().to_string())
             .output()
@@ -411,6 +418,16 @@ impl Kube {
         };
         k.ensure_namespace(ns);
         k
+    }
+
+    /// The client itself, for requests the helpers here do not make (many at once).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// Runs `f` to completion on this client's runtime.
+    pub fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        self.rt.block_on(f)
     }
 
     /// The same client, for another namespace.

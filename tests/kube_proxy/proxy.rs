@@ -56,16 +56,23 @@ pub fn args(kubeconfig: &Path) -> Vec<String> {
 }
 
 pub fn start(which: Impl, upstream_dir: &Path, ns: &str, kubeconfig: &Path, log: &Path) -> Proc {
-    let bin = which.binary(upstream_dir);
+    let name = format!("kube-proxy ({}, {ns})", which.label());
+    start_bin(&name, &which.binary(upstream_dir), ns, kubeconfig, &[], log)
+}
+
+/// Starts the program `bin` with [`args`] and then `extra` (later flags win), in `ns`: the
+/// benchmarks' way, with the binaries they were given.
+pub fn start_bin(
+    name: &str,
+    bin: &Path,
+    ns: &str,
+    kubeconfig: &Path,
+    extra: &[String],
+    log: &Path,
+) -> Proc {
     let bin = bin.to_str().expect("utf-8 path");
     let args = args(kubeconfig);
     let mut argv = vec![bin];
-    argv.extend(args.iter().map(String::as_str));
-    Proc::start(
-        &format!("kube-proxy ({}, {ns})", which.label()),
-        Some(ns),
-        &argv,
-        &[],
-        log,
-    )
+    argv.extend(args.iter().chain(extra).map(String::as_str));
+    Proc::start(name, Some(ns), &argv, &[], log)
 }
