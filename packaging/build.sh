@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the release binaries and the .deb and .rpm packages of konnectivity-server and
-# konnectivity-agent into target/packages/.
+# Builds the release binaries and the .deb and .rpm packages of konnectivity-server,
+# konnectivity-agent and kube-proxy into target/packages/.
 #
 #   packaging/build.sh [options] [VERSION]
 #
@@ -13,23 +13,26 @@
 #                       target dir, which honours CARGO_TARGET_DIR)
 #   --binary PATH       package PATH instead of <target-dir>/release/konnectivity-server
 #   --agent-binary PATH package PATH instead of <target-dir>/release/konnectivity-agent
-#                       (either implies --no-build; development only, e.g. target/debug/...)
+#   --kube-proxy-binary PATH  package PATH instead of <target-dir>/release/kube-proxy
+#                       (any of the three implies --no-build; development only, e.g.
+#                       target/debug/...)
 #   --out DIR           output directory (default: <crate>/target/packages)
 #
-# The maintainer scripts are templates shared by both packages (packaging/deb/*,
+# The maintainer scripts are templates shared by the packages (packaging/deb/*,
 # packaging/rpm/*.sh); the #@PACKAGE_VARS@ line of each is replaced with
 # packaging/vars/<package>, into target/packaging-scripts/<package>/ (crate-relative, where
 # Cargo.toml's package.metadata points).
 # Tools: cargo-deb and cargo-generate-rpm are installed with `cargo install --locked` only if
 # `command -v` does not find them; `rpm` (for packaging/inspect.sh) from apt only if missing.
-# The last stdout lines are the package paths (server .deb, agent .deb, server .rpm, agent .rpm).
+# The last stdout lines are the package paths (server, agent, kube-proxy .deb; then the same
+# three .rpm).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 VERSION="" DEB_ONLY=0 NO_BUILD=0 OUT="$ROOT/target/packages" TARGET_DIR=""
-declare -A BINARY=([konnectivity-server]="" [konnectivity-agent]="")
+declare -A BINARY=([konnectivity-server]="" [konnectivity-agent]="" [kube-proxy]="")
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --deb-only) DEB_ONLY=1 ;;
@@ -40,9 +43,11 @@ while [[ $# -gt 0 ]]; do
     --binary=*) BINARY[konnectivity-server]="$(realpath "${1#*=}")"; NO_BUILD=1 ;;
     --agent-binary) BINARY[konnectivity-agent]="$(realpath "$2")"; NO_BUILD=1; shift ;;
     --agent-binary=*) BINARY[konnectivity-agent]="$(realpath "${1#*=}")"; NO_BUILD=1 ;;
+    --kube-proxy-binary) BINARY[kube-proxy]="$(realpath "$2")"; NO_BUILD=1; shift ;;
+    --kube-proxy-binary=*) BINARY[kube-proxy]="$(realpath "${1#*=}")"; NO_BUILD=1 ;;
     --out) OUT="$2"; shift ;;
     --out=*) OUT="${1#*=}" ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     -*) echo "build.sh: unknown option $1" >&2; exit 2 ;;
     *) VERSION="$1" ;;
   esac
@@ -59,9 +64,10 @@ DEB_VERSION="${VERSION}-1"
 ARCH_DEB="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
 mkdir -p "$OUT"
 
-PACKAGES=(konnectivity-server konnectivity-agent)
-# The tools' variant for each package (Cargo.toml: the base tables, and variants.agent).
-declare -A VARIANT=([konnectivity-server]="" [konnectivity-agent]="agent")
+PACKAGES=(konnectivity-server konnectivity-agent kube-proxy)
+# The tools' variant for each package (Cargo.toml: the base tables, variants.agent and
+# variants.kube-proxy).
+declare -A VARIANT=([konnectivity-server]="" [konnectivity-agent]="agent" [kube-proxy]="kube-proxy")
 DEB_SCRIPTS=(postinst prerm postrm)
 RPM_SCRIPTS=(pre.sh post.sh preun.sh postun.sh)
 
@@ -76,6 +82,9 @@ for f in README.md CHANGELOG.md packaging/README.md \
          config/agent.toml config/agent.toml.deploy \
          systemd/konnectivity-agent.service systemd/konnectivity-agent.sysusers \
          packaging/default/konnectivity-agent packaging/vars/konnectivity-agent \
+         config/kube-proxy.toml config/kube-proxy.toml.deploy \
+         systemd/kube-proxy.service systemd/kube-proxy.tmpfiles \
+         packaging/default/kube-proxy packaging/vars/kube-proxy \
          "${DEB_SCRIPTS[@]/#/packaging/deb/}" "${RPM_SCRIPTS[@]/#/packaging/rpm/}"; do
   [[ -f "$f" ]] || { log "missing $f (a package asset)"; missing=1; }
 done
@@ -92,10 +101,16 @@ render() { # <template> <vars file> <output>
 for pkg in "${PACKAGES[@]}"; do
   vars="packaging/vars/$pkg"
   # The scripts' user must be the one systemd/$pkg.sysusers declares (the .rpm %pre and the
-  # .deb fallbacks create it without that file).
-  want="$(grep -v '^#' "systemd/$pkg.sysusers" | grep .)"
+  # .deb fallbacks create it without that file); a package that runs as root has no such file.
   # shellcheck disable=SC1090
-  got="$(. "./$vars"; echo "u $USER - \"$DESCRIPTION\" /var/lib/$PKG -"; [[ "$PKG" == "$pkg" ]] || echo "PKG=$PKG")"
+  if [[ "$(. "./$vars"; echo "$USER")" == root ]]; then
+    want="root" got="$(. "./$vars"; echo "$USER"; [[ "$PKG" == "$pkg" ]] || echo "PKG=$PKG")"
+    [[ ! -e "systemd/$pkg.sysusers" ]] || { log "$vars runs $pkg as root, but systemd/$pkg.sysusers exists"; exit 1; }
+  else
+    want="$(grep -v '^#' "systemd/$pkg.sysusers" | grep .)"
+    # shellcheck disable=SC1090
+    got="$(. "./$vars"; echo "u $USER - \"$DESCRIPTION\" /var/lib/$PKG -"; [[ "$PKG" == "$pkg" ]] || echo "PKG=$PKG")"
+  fi
   [[ "$got" == "$want" ]] || { log "$vars does not match systemd/$pkg.sysusers: '$got' vs '$want'"; exit 1; }
   rm -rf "${SCRIPTS:?}/$pkg"; mkdir -p "$SCRIPTS/$pkg/deb" "$SCRIPTS/$pkg/rpm"
   # The assignments only (the comments stay in packaging/vars/).
@@ -174,7 +189,7 @@ konnectivity-server ($DEB_VERSION) unstable; urgency=medium
 CHANGELOG
 log "generated man pages, completions, copyright, changelog ($(since "$T")): $(find "$GEN" -type f | wc -l) files"
 
-# --- packages: the two packages side by side (xz/zstd compress on one core each) ------------
+# --- packages: the three packages side by side (xz/zstd compress on one core each) ----------
 build_deb() { # <package>
   local pkg="$1" T DEB; T=$(now)
   DEB="$OUT/${pkg}_${DEB_VERSION}_${ARCH_DEB}.deb"

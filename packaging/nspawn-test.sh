@@ -3,6 +3,9 @@
 # konnectivity-server and konnectivity-agent .debs and drives both services with
 # systemctl/journalctl. Run it on its own (the container shares the host's network namespace;
 # the server and the agent inside listen on random ports in 20000-29999).
+# kube-proxy's package is tested beside it, in a container of its own with a private network
+# namespace: packaging/nspawn-kube-proxy-test.sh, started here once the rootfs is ready; its
+# report comes before this one's summary, and its failures count here.
 #
 #   packaging/nspawn-test.sh [DEB_N [DEB_N1 [AGENT_DEB_N [AGENT_DEB_N1]]]]
 #
@@ -29,6 +32,8 @@
 #   NSPAWN_CACHE      rootfs cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/konnectivity-nspawn)
 #   DEBIAN_MIRROR     mirror for debootstrap (default: first URI in /etc/apt/sources.list.d/debian.sources)
 #   KEEP_SCRATCH=1    keep the scratch directory (overlay upper dir, logs) for debugging
+#   NSPAWN_KUBE_PROXY=0  do not run packaging/nspawn-kube-proxy-test.sh (its own environment
+#                     and arguments: see that script)
 #
 # Every check is run (a failed check does not stop later ones, but a check whose
 # precondition failed fails too); the exit code is non-zero if any check failed, and then
@@ -38,29 +43,40 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 UNIT=konnectivity-server.service
 AUNIT=konnectivity-agent.service
-SUITE=bookworm
-# Packages in the rootfs (the cache key is derived from this list).
-PKGS=(systemd systemd-sysv dbus procps)
-ROOTFS_SETUP_VERSION=1   # bump when the post-debootstrap setup below changes
 
-T_START=$(date +%s.%N)
-now() { date +%s.%N; }
-dur() { printf '%.2f' "$(echo "$(now) - $1" | bc)"; }
-log() { printf '[%7.2fs] %s\n' "$(echo "$(now) - $T_START" | bc)" "$*"; }
-declare -a TIMINGS=() RESULTS=()
-FAILS=0
-step_begin() { STEP="$1"; STEP_T=$(now); log "--- $STEP"; }
-step_end() { local d; d=$(dur "$STEP_T"); TIMINGS+=("$(printf '%8ss  %s' "$d" "$STEP")"); log "    ($STEP: ${d}s)"; }
-pass() { RESULTS+=("PASS  $*"); log "PASS  $*"; }
-fail() { RESULTS+=("FAIL  $*"); log "FAIL  $*"; FAILS=$((FAILS + 1)); }
-check() { # <description> <command...>: PASS if the command succeeds
-  local d="$1"; shift
-  if "$@"; then pass "$d"; else fail "$d"; fi
-}
-die() { log "FATAL: $*"; FAILS=$((FAILS + 1)); exit 1; }
+# shellcheck source=packaging/nspawn/common.sh
+. "$ROOT/packaging/nspawn/common.sh"
 
 [[ $EUID -eq 0 ]] || { echo "nspawn-test.sh: must run as root" >&2; exit 2; }
 trap 'exit 130' INT TERM
+
+# kube-proxy's stage, in the background from when the rootfs is ready (setup.sh), with its
+# output in a file: its container, namespaces and API server are its own, and so is its
+# cleanup (a TERM from ours runs it).
+KP_PID="" KP_LOG="" KP_RC=""
+kube_proxy_start() {
+  [[ "${NSPAWN_KUBE_PROXY:-1}" != 0 ]] || return 0
+  KP_LOG="$(mktemp /var/tmp/kube-proxy-nspawn.XXXXXX.log)"
+  "$ROOT/packaging/nspawn-kube-proxy-test.sh" >"$KP_LOG" 2>&1 &
+  KP_PID=$!
+  CLEANUP_HOOKS+=('kube_proxy_stop')
+  log "kube-proxy stage started in the background (pid $KP_PID, log $KP_LOG)"
+}
+kube_proxy_stop() {
+  if [[ -n "$KP_PID" ]] && kill -0 "$KP_PID" 2>/dev/null; then
+    kill -TERM "$KP_PID" 2>/dev/null; wait "$KP_PID" 2>/dev/null
+  fi
+  [[ -n "$KP_LOG" ]] && rm -f "$KP_LOG"
+}
+kube_proxy_report() {
+  [[ -n "$KP_PID" ]] || return 0
+  step_begin "wait for the kube-proxy stage (packaging/nspawn-kube-proxy-test.sh)"
+  wait "$KP_PID"; KP_RC=$?; KP_PID=""
+  step_end
+  echo; echo "=== packaging/nspawn-kube-proxy-test.sh (exit code $KP_RC)"
+  cat "$KP_LOG"; echo "=== end of packaging/nspawn-kube-proxy-test.sh"; echo
+  check "kube-proxy stage: packaging/nspawn-kube-proxy-test.sh passed (exit code $KP_RC)" test "$KP_RC" = 0
+}
 
 # Upstream's test client, run so that it fails only for the tunnel's reasons.
 # shellcheck source=/dev/null
@@ -88,6 +104,8 @@ for _ in $(seq 1 150); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.1;
 wait "$NSPAWN_PID" 2>/dev/null; NSPAWN_RC=$?
 kill -0 "$NSPAWN_PID" 2>/dev/null && fail "container did not power off" || NSPAWN_PID=""
 step_end
+
+kube_proxy_report
 
 echo; echo "=== timings"; printf '%s\n' "${TIMINGS[@]}"
 printf '%8ss  total\n' "$(dur "$T_START")"

@@ -149,9 +149,9 @@ fn the_reference_command_line_parses_and_validates() {
         "--ipvs-sync-period=5s",
         "--proxy-mode=ipvs",
     ];
-    let result = run(&args, &[]);
+    let result = run(&[&args[..], &["--check-config"]].concat(), &[]);
     assert_eq!(result.code, 0, "{}", result.stderr);
-    assert_eq!(result.stdout, "configuration valid\n");
+    assert_eq!(result.stdout, "configuration OK (no config file)\n");
     assert_eq!(
         result.stderr.matches("--logtostderr was removed").count(),
         1,
@@ -240,7 +240,7 @@ fn an_unknown_key_is_named_with_its_line_and_a_wrong_type_stops_the_start() {
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nnftables:\n  syncPerod: 10s\n",
     );
     let config = format!("--config={}", path.display());
-    let result = run(&[&config], &[]);
+    let result = run(&[&config, "--check-config"], &[]);
     assert_eq!(result.code, 0, "{}", result.stderr);
     assert!(
         result.stderr.contains("using lenient decoding as strict decoding failed: strict decoding error: unknown field \\\"nftables.syncPerod\\\" (line 5)"),
@@ -293,6 +293,7 @@ fn removed_and_deprecated_flags_are_accepted_with_one_warning_each() {
             "--healthz-port=10256",
             "--skip-headers=false",
             "--log-file-max-size=1800",
+            "--check-config",
         ],
         &[],
     );
@@ -347,7 +348,7 @@ fn flags_given_with_a_kube_proxy_configuration_are_applied_with_a_warning() {
     assert!(yaml.contains("\nmode: nftables\n"));
     assert!(yaml.contains("\n  verbosity: 3\n"));
     assert!(yaml.contains("\nhostnameOverride: node-a\n"));
-    let result = run(&[&config, "--metrics-port=0"], &[]);
+    let result = run(&[&config, "--metrics-port=0", "--check-config"], &[]);
     assert_eq!(
         result.code, 0,
         "upstream ignores the port with --config: {}",
@@ -469,8 +470,8 @@ fn check_config_version_help_and_underscores() {
         result.stdout
     );
     assert_eq!(
-        run(&["--version=v1.37.2-custom"], &[]).stdout,
-        "configuration valid\n"
+        run(&["--version=v1.37.2-custom", "--check-config"], &[]).stdout,
+        "configuration OK (no config file)\n"
     );
 
     let result = run(&["--help"], &[]);
@@ -495,7 +496,9 @@ fn check_config_version_help_and_underscores() {
         "{}",
         result.stderr
     );
-    assert_eq!(run(&["--cleanup", "--init-only"], &[]).code, 0);
+    // --cleanup programs the network namespace it runs in: run's own, never the machine's.
+    let cleanup = run(&["--cleanup", "--init-only"], &[]);
+    assert_eq!(cleanup.code, 0, "{}", cleanup.stderr);
 }
 
 #[test]
@@ -516,4 +519,28 @@ fn the_reference_toml_holds_every_key_at_its_default() {
         );
     }
     assert!(text.contains("\n[feature_gates]\n"));
+}
+
+/// The packaged /etc/kubernetes/kube-proxy.toml (config/kube-proxy.toml.deploy) loads and says
+/// what the package promises: the kubeconfig whose presence the unit waits for, nftables mode.
+#[test]
+fn the_packaged_template_loads_and_names_the_units_kubeconfig() {
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/config/kube-proxy.toml.deploy");
+    let toml = written(&[&format!("--config={template}")], &[], "x.toml");
+    let kubeconfig = "/etc/kubernetes/kube-proxy.kubeconfig";
+    assert!(
+        toml.contains(&format!("kubeconfig = \"{kubeconfig}\"")),
+        "{toml}"
+    );
+    assert!(toml.contains("proxy_mode = \"nftables\""), "{toml}");
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/kube-proxy.service"
+    ))
+    .unwrap();
+    assert!(
+        unit.lines()
+            .any(|l| l == format!("ConditionPathExists={kubeconfig}")),
+        "the unit waits for another kubeconfig"
+    );
 }

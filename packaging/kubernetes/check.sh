@@ -6,7 +6,7 @@
 #
 #   - kube-apiserver starts with --egress-selector-config-file=egress-selector-configuration.yaml,
 #     then again with egress-selector-configuration-http-connect.yaml (it refuses to start on
-#     a configuration it cannot load or validate)
+#     a configuration it cannot load or validate); --allow-privileged=true as kubeadm sets it
 #   - every object of every other *.yaml is POSTed with ?dryRun=All&fieldValidation=Strict:
 #     decoded, defaulted, validated and admitted like a real create, unknown or duplicate
 #     fields rejected, nothing stored
@@ -35,7 +35,9 @@ export KUBE_BIN_DIR KUBE_WATCH_PID=$$
 
 start() { # <name> <egress file>
   local t; t=$(date +%s.%N)
-  if KUBE_APISERVER_EXTRA_ARGS="--egress-selector-config-file=$2" "$ROOT/tests/kube/start.sh" "$DIR/$1" 2>"$DIR/$1.start.log"; then
+  # --allow-privileged=true, as kubeadm runs kube-apiserver: kube-proxy's DaemonSet is privileged.
+  if KUBE_APISERVER_EXTRA_ARGS="--egress-selector-config-file=$2 --allow-privileged=true" \
+    "$ROOT/tests/kube/start.sh" "$DIR/$1" 2>"$DIR/$1.start.log"; then
     echo "kube-apiserver up with $(basename "$2") ($(secs "$t") s)"
   else
     echo "FAIL: kube-apiserver did not start with $(basename "$2"):"

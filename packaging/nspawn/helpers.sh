@@ -42,10 +42,6 @@ user_ok() { # [user home]: a system user with nologin and that home
 absent() { [[ ! -e "$CROOT$1" && ! -L "$CROOT$1" ]]; }
 not_installed() { local s; s="$(c dpkg-query -W -f='${Status}' "${1:-konnectivity-server}" 2>/dev/null)"; [[ -z "$s" || "$s" == *not-installed* ]]; }
 no_dpkg_leftovers() { ! ls "$CROOT/etc/konnectivity/" "$CROOT/etc/default/" | grep -q 'dpkg-'; }
-wait_for() { # <seconds> <command...>
-  local end=$(( $(date +%s) + $1 )); shift
-  until "$@"; do [[ $(date +%s) -ge $end ]] && return 1; sleep 0.2; done
-}
 serial_now() { # serial of the certificate the agent port presents to a fresh handshake
   openssl s_client -connect "127.0.0.1:$AGENT_PORT" -servername localhost \
     -CAfile "$SCRATCH/certs/ca.crt" -cert "$SCRATCH/certs/agent.crt" -key "$SCRATCH/certs/agent.key" \

@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Builds the OCI images konnectivity-server:<version> and konnectivity-agent:<version> (each also
-# tagged :dev) in local podman/buildah storage, from nothing pulled: a scratch image holding the
-# stripped binary, exactly the shared libraries `ldd` names for it, /etc/passwd, /etc/group and
-# /etc/nsswitch.conf with the nonroot user 65532, a writable /tmp and the home /home/nonroot.
+# Builds the OCI images konnectivity-server:<version>, konnectivity-agent:<version> and
+# kube-proxy:<version> (each also tagged :dev) in local podman/buildah storage, from nothing
+# pulled: a scratch image holding the stripped binary, exactly the shared libraries `ldd` names
+# for it, /etc/passwd, /etc/group and /etc/nsswitch.conf with the nonroot user 65532, a
+# writable /tmp and the home /home/nonroot.
+#
+# kube-proxy's image differs where kubeadm's DaemonSet and the kernel need it to: the binary at
+# /usr/local/bin/kube-proxy (the DaemonSet's command), the user root (the DaemonSet gives it
+# `privileged: true` and no user; programming the node's nftables needs CAP_NET_ADMIN in its
+# network namespace, which a nonroot user does not get from that), no home, and
+# /usr/sbin/nft with the libraries ldd names for it, taken from this machine's Debian nftables
+# package (the version in a label), with the Debian copyright file of every package a file
+# comes from.
 #
 #   packaging/oci/build.sh [options] [PROGRAM...]
 #
-#   PROGRAM               server, agent (default: both). A missing binary is an error.
+#   PROGRAM               server, agent, kube-proxy (default: all three). A missing binary is
+#                         an error.
 #   --server-binary PATH  default: <target dir>/release/konnectivity-server
 #   --agent-binary PATH   default: <target dir>/release/konnectivity-agent
+#   --kube-proxy-binary PATH  default: <target dir>/release/kube-proxy
 #                         (<target dir> is $CARGO_TARGET_DIR, else target/ of this checkout;
 #                         nothing is built here: run `cargo build --release --bins` first)
 #   --version V           image tag and version label (default: Cargo.toml's version)
@@ -17,8 +28,9 @@
 #
 # Each image: entrypoint /proxy-server (agent: /proxy-agent), the same binary reachable as
 # /usr/bin/proxy-server (/usr/bin/proxy-agent, HyperShift's path), USER 65532:65532,
-# HOME=/home/nonroot, OCI labels title, description, version, revision (git commit), created
-# (the commit's time), source, licenses. The layer is reproducible: same inputs, same digest.
+# HOME=/home/nonroot (kube-proxy: entrypoint /usr/local/bin/kube-proxy, USER 0:0, PATH for
+# nft), OCI labels title, description, version, revision (git commit), created (the commit's
+# time), source, licenses. The layer is reproducible: same inputs, same digest.
 # Needs buildah (Debian package `buildah`); runs as root or rootless. The last stdout lines are
 # the image references built (localhost/NAME:VERSION).
 set -euo pipefail
@@ -29,6 +41,7 @@ TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 
 SERVER_BINARY="$TARGET_DIR/release/konnectivity-server"
 AGENT_BINARY="$TARGET_DIR/release/konnectivity-agent"
+KUBE_PROXY_BINARY="$TARGET_DIR/release/kube-proxy"
 VERSION="" SOURCE="${OCI_SOURCE:-}"
 PROGRAMS=()
 while [[ $# -gt 0 ]]; do
@@ -37,17 +50,19 @@ while [[ $# -gt 0 ]]; do
     --server-binary=*) SERVER_BINARY="${1#*=}" ;;
     --agent-binary) AGENT_BINARY="$2"; shift ;;
     --agent-binary=*) AGENT_BINARY="${1#*=}" ;;
+    --kube-proxy-binary) KUBE_PROXY_BINARY="$2"; shift ;;
+    --kube-proxy-binary=*) KUBE_PROXY_BINARY="${1#*=}" ;;
     --version) VERSION="$2"; shift ;;
     --version=*) VERSION="${1#*=}" ;;
     --source) SOURCE="$2"; shift ;;
     --source=*) SOURCE="${1#*=}" ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
-    server|agent) PROGRAMS+=("$1") ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    server|agent|kube-proxy) PROGRAMS+=("$1") ;;
     *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
-[[ ${#PROGRAMS[@]} -gt 0 ]] || PROGRAMS=(server agent)
+[[ ${#PROGRAMS[@]} -gt 0 ]] || PROGRAMS=(server agent kube-proxy)
 
 log() { printf 'oci/build.sh: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -73,17 +88,30 @@ fi
 [[ -n "$VERSION" && -n "$LICENSE" ]] || die "version or license missing from Cargo.toml"
 
 # --- the programs ----------------------------------------------------------------------------
-program() { # <server|agent>: sets NAME BINARY ENTRY DESCRIPTION
+# NAME, BINARY, ENTRY (its path in the image, without the leading /), LINK (a /usr/bin name for
+# it, or none), IMAGE_USER, HOME_DIR (none: no home), TOOLS (host programs copied in with their
+# libraries, each from a Debian package), LICENSES, DESCRIPTION.
+program() { # <server|agent|kube-proxy>
+  LINK="" IMAGE_USER=65532:65532 HOME_DIR=/home/nonroot TOOLS=() LICENSES="$LICENSE"
   case "$1" in
-    server) NAME=konnectivity-server BINARY="$SERVER_BINARY" ENTRY=proxy-server
+    server) NAME=konnectivity-server BINARY="$SERVER_BINARY" ENTRY=proxy-server LINK=usr/bin/proxy-server
             DESCRIPTION="Konnectivity proxy-server (apiserver-network-proxy) drop-in replacement, in Rust" ;;
-    agent)  NAME=konnectivity-agent BINARY="$AGENT_BINARY" ENTRY=proxy-agent
+    agent)  NAME=konnectivity-agent BINARY="$AGENT_BINARY" ENTRY=proxy-agent LINK=usr/bin/proxy-agent
             DESCRIPTION="Konnectivity proxy-agent (apiserver-network-proxy) drop-in replacement, in Rust" ;;
+    kube-proxy)
+            NAME=kube-proxy BINARY="$KUBE_PROXY_BINARY" ENTRY=usr/local/bin/kube-proxy IMAGE_USER=0:0 HOME_DIR=""
+            TOOLS=(/usr/sbin/nft)
+            # Ours, and nftables' own (GPL-2); the libraries' are in /usr/share/doc/*/copyright.
+            LICENSES="$LICENSE AND GPL-2.0-only"
+            DESCRIPTION="kube-proxy (Kubernetes network proxy) drop-in replacement, in Rust, with the nft it programs the node with" ;;
   esac
 }
 for p in "${PROGRAMS[@]}"; do
   program "$p"
   [[ -x "$BINARY" ]] || die "no $p binary at $BINARY (cargo build --release --bins, or --$p-binary PATH)"
+  for t in "${TOOLS[@]}"; do
+    [[ -x "$t" ]] || die "$NAME's image needs $t from its Debian package (apt-get install $(basename "$t" | sed 's/^nft$/nftables/'))"
+  done
 done
 
 WORK="$(mktemp -d)"
@@ -95,25 +123,46 @@ cleanup() {
 trap cleanup EXIT
 
 # --- rootfs: binary, its libraries, the user database --------------------------------------
-rootfs() { # <binary> <entry name> <dir>
-  local bin="$1" entry="$2" r="$3" lib
-  install -d -m 0755 "$r" "$r/etc" "$r/usr" "$r/usr/bin" "$r/home"
+# The shared libraries `ldd` names for a binary: the loader (a path) and `name => path` for every
+# library; linux-vdso has no file. A static binary prints "not a dynamic executable" /
+# "statically linked": no libraries.
+ldd_libs() { ldd "$1" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'; }
+rootfs() { # <dir>, for the program() set
+  local r="$1" lib t f pkg
+  install -d -m 0755 "$r" "$r/etc" "$r/usr" "$r/usr/bin"
   install -d -m 1777 "$r/tmp"
-  install -d -m 0755 "$r/home/nonroot"
-  strip --strip-unneeded -o "$r/$entry" "$bin"
-  chmod 0755 "$r/$entry"
-  ln -s "../../$entry" "$r/usr/bin/$entry"
-  # `ldd` lists the loader (a path) and `name => path` for every library; linux-vdso has no
-  # file. A static binary prints "not a dynamic executable" / "statically linked": no libraries.
-  local libs
-  : >"$r.libs"
-  libs="$(ldd "$bin" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)" || true
-  for lib in $libs; do
+  if [[ -n "$HOME_DIR" ]]; then install -d -m 0755 "$r/home" "$r$HOME_DIR"; fi
+  install -d -m 0755 "$r/$(dirname "$ENTRY")"
+  strip --strip-unneeded -o "$r/$ENTRY" "$BINARY"
+  chmod 0755 "$r/$ENTRY"
+  if [[ -n "$LINK" ]]; then ln -s "../../$ENTRY" "$r/$LINK"; fi
+  : >"$r.libs"; : >"$r.tools"
+  for t in "${TOOLS[@]}"; do
+    install -d -m 0755 "$r$(dirname "$t")"
+    cp -L "$t" "$r$t"; chmod 0755 "$r$t"
+    printf '%s\n' "$t" >>"$r.tools"
+  done
+  for lib in $( { ldd_libs "$BINARY"; for t in "${TOOLS[@]}"; do ldd_libs "$t"; done; } | sort -u); do
     install -d -m 0755 "$r$(dirname "$lib")"
     cp -L "$lib" "$r$lib"
     chmod 0755 "$r$lib"
     printf '%s\n' "$lib" >>"$r.libs"
   done
+  # What came from Debian packages comes with their copyright files (nft is GPL-2; its
+  # libraries are GPL, LGPL, MIT and BSD). dpkg -S names a library by its path under /lib or
+  # /usr/lib (usrmerge: either may be the one recorded).
+  if [[ ${#TOOLS[@]} -gt 0 ]]; then
+    : >"$r.packages"
+    while read -r f; do
+      pkg="$(dpkg -S "$f" 2>/dev/null || dpkg -S "$(sed 's#^/lib/#/usr/lib/#; t; s#^/usr/lib/#/lib/#' <<<"$f")" 2>/dev/null)" \
+        || die "$f: no Debian package owns it (dpkg -S)"
+      printf '%s\n' "${pkg%%:*}" >>"$r.packages"
+    done < <(cat "$r.tools" "$r.libs")
+    while read -r pkg; do
+      install -d -m 0755 "$r/usr/share/doc/$pkg"
+      install -m 0644 "/usr/share/doc/$pkg/copyright" "$r/usr/share/doc/$pkg/copyright"
+    done < <(sort -u "$r.packages")
+  fi
   printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' \
     'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
     'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' >"$r/etc/passwd"
@@ -122,9 +171,13 @@ rootfs() { # <binary> <entry name> <dir>
   printf '%s\n' 'passwd: files' 'group: files' 'hosts: files dns' >"$r/etc/nsswitch.conf"
   chmod 0644 "$r/etc/passwd" "$r/etc/group" "$r/etc/nsswitch.conf"
   # One archive, root-owned except the home; fixed order and times, so the layer is reproducible.
-  local t=(--format=gnu --sort=name --mtime="@$EPOCH" --numeric-owner)
-  tar -C "$r" "${t[@]}" --owner=0 --group=0 --exclude=./home/nonroot -cf "$r.tar" .
-  tar -C "$r" "${t[@]}" --owner=65532 --group=65532 -rf "$r.tar" ./home/nonroot
+  local a=(--format=gnu --sort=name --mtime="@$EPOCH" --numeric-owner)
+  if [[ -n "$HOME_DIR" ]]; then
+    tar -C "$r" "${a[@]}" --owner=0 --group=0 --exclude=".$HOME_DIR" -cf "$r.tar" .
+    tar -C "$r" "${a[@]}" --owner="${IMAGE_USER%%:*}" --group="${IMAGE_USER##*:}" -rf "$r.tar" ".$HOME_DIR"
+  else
+    tar -C "$r" "${a[@]}" --owner=0 --group=0 -cf "$r.tar" .
+  fi
 }
 
 BUILT=()
@@ -132,8 +185,16 @@ for p in "${PROGRAMS[@]}"; do
   program "$p"
   T0=$(date +%s.%N)
   R="$WORK/$p"
-  rootfs "$BINARY" "$ENTRY" "$R"
-  log "$NAME: /$ENTRY ($(stat -c %s "$R/$ENTRY") bytes stripped) + $(wc -l <"$R.libs" 2>/dev/null || echo 0) libraries: $(tr '\n' ' ' <"$R.libs" 2>/dev/null)"
+  rootfs "$R"
+  log "$NAME: /$ENTRY ($(stat -c %s "$R/$ENTRY") bytes stripped)$( [[ -s "$R.tools" ]] && echo " + $(paste -sd' ' "$R.tools")") + $(wc -l <"$R.libs" 2>/dev/null || echo 0) libraries: $(tr '\n' ' ' <"$R.libs" 2>/dev/null)"
+  # Labels for the Debian packages the tools come from (their versions).
+  TOOL_LABELS=()
+  for t in "${TOOLS[@]}"; do
+    pkg="$(dpkg -S "$t" 2>/dev/null | cut -d: -f1)"
+    TOOL_LABELS+=(--label "com.example.kube-traffic.$(basename "$t").debian-package=$pkg $(dpkg-query -W -f='${Version}' "$pkg" 2>/dev/null)")
+  done
+  ENV_ARGS=(--env "HOME=${HOME_DIR:-/}")
+  [[ ${#TOOLS[@]} -eq 0 ]] || ENV_ARGS+=(--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
   if got="$("$BINARY" --version 2>/dev/null | head -n1)" && [[ -n "$got" && "$got" != *"$VERSION"* ]]; then
     log "warning: $BINARY --version says '$got', the image is labelled $VERSION"
   fi
@@ -141,9 +202,9 @@ for p in "${PROGRAMS[@]}"; do
   buildah add --quiet "$CTR" "$R.tar" / >/dev/null
   buildah config \
     --os linux \
-    --user 65532:65532 \
+    --user "$IMAGE_USER" \
     --workingdir / \
-    --env HOME=/home/nonroot \
+    "${ENV_ARGS[@]}" \
     --entrypoint "[\"/$ENTRY\"]" \
     --cmd '' \
     --stop-signal SIGTERM \
@@ -154,7 +215,8 @@ for p in "${PROGRAMS[@]}"; do
     --label "org.opencontainers.image.revision=$REVISION" \
     --label "org.opencontainers.image.created=$CREATED" \
     --label "org.opencontainers.image.source=$SOURCE" \
-    --label "org.opencontainers.image.licenses=$LICENSE" \
+    --label "org.opencontainers.image.licenses=$LICENSES" \
+    "${TOOL_LABELS[@]}" \
     "$CTR"
   OLD_ID="$(buildah inspect --type image --format '{{.FromImageID}}' "localhost/$NAME:$VERSION" 2>/dev/null || true)"
   OLD_DEV_ID="$(buildah inspect --type image --format '{{.FromImageID}}' "localhost/$NAME:dev" 2>/dev/null || true)"

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The OCI stage: builds both images with packaging/oci/build.sh and runs them with podman.
+# The OCI stage: builds the three images with packaging/oci/build.sh and runs them with podman.
 #
 #   packaging/oci/test.sh
 #
-#   1. images: size (printed; fails above 25 MB), user 65532:65532, labels, the exact file list
-#      (binary, /usr/bin link, the libraries ldd names, passwd/group/nsswitch, /tmp, home), no shell
+#   1. images: size (printed; fails above 25 MB), user 65532:65532 (kube-proxy: root), labels,
+#      the exact file list (binary, /usr/bin link, the libraries ldd names, passwd/group/nsswitch,
+#      /tmp, home; kube-proxy: nft, its libraries and their copyright files), no shell
 #   2. the server as the kubeadm static pod runs it (podman run, host network): certificates
 #      from a test CA, the UDS frontend in a host directory, agent/health/admin ports; /healthz
 #      200; an agent container from our agent image connects (/readyz 200 on both sides); the
@@ -18,6 +19,10 @@
 #      the image replaced)
 #   5. the manifests against a real kube-apiserver (packaging/kubernetes/check.sh): server-side
 #      dry run with strict field validation, the egress selector files loaded at start
+#   6. kube-proxy: packaging/kubernetes/kube-proxy.yaml (kubeadm's manifest, only the image
+#      replaced) under `podman kube play` as the DaemonSet's pod on a node: a network namespace
+#      of its own with a client and a pod on veths, a real kube-apiserver; the pod programs that
+#      namespace's nftables from the ConfigMap's configuration and a Service answers
 #
 # Everything runs in a private network namespace (only its loopback is up, so nothing is
 # reachable from outside and the manifests' fixed ports 8132-8134 cannot collide) and a
@@ -26,16 +31,17 @@
 # [1024, 49151] with a bind check. Every container and process started is stopped.
 #
 # Environment:
-#   SERVER_BINARY, AGENT_BINARY  the binaries for build.sh
-#                     (default: <target dir>/release/konnectivity-server, konnectivity-agent)
+#   SERVER_BINARY, AGENT_BINARY, KUBE_PROXY_BINARY  the binaries for build.sh (default:
+#                     <target dir>/release/konnectivity-server, konnectivity-agent, kube-proxy)
 #   INTEROP_BIN_DIR   upstream proxy-agent, proxy-test-client, http-test-server (default: the last
 #                     line of tests/interop/build.sh, which builds them on first use)
-#   KUBE_BIN_DIR      kube-apiserver and etcd for step 5 (default: tests/kube/build.sh's cache
+#   KUBE_BIN_DIR      kube-apiserver and etcd for steps 5 and 6 (default: tests/kube/build.sh's cache
 #                     when complete; building it is ~10 min cold, so it is only done under CI)
-#   CI=true           nothing may be skipped: a missing agent binary, upstream binary or
-#                     kube-apiserver is a failure
+#   CI=true           nothing may be skipped: a missing agent or kube-proxy binary, upstream
+#                     binary or kube-apiserver is a failure
 #   KEEP_SCRATCH=1    keep the scratch directory
-# Needs root, podman, buildah, runc, openssl, curl, iproute2 (.ci/run installs them).
+# Needs root, podman, buildah, runc, openssl, curl, iproute2, nftables, python3, jq (.ci/run
+# installs them).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -110,11 +116,14 @@ SCRATCH="$(mktemp -d /var/tmp/konnectivity-oci.XXXXXX)"
 chmod 0755 "$SCRATCH"
 TAG="oci$$"                      # container names of this run
 declare -a HOST_PIDS=() CONTAINERS=() PODS=()
+# Commands a stage adds for what it made besides containers and processes (eval'd, last first).
+declare -a CLEANUP_HOOKS=()
 
 cleanup() {
   local rc=$?
-  local c p
+  local c p i
   for p in "${PODS[@]}"; do [[ -n "$p" ]] && podman kube play --down "$p" >/dev/null 2>&1; done
+  for (( i = ${#CLEANUP_HOOKS[@]} - 1; i >= 0; i-- )); do eval "${CLEANUP_HOOKS[$i]}"; done
   for c in "${CONTAINERS[@]}"; do podman rm -f -t 2 "$c" >/dev/null 2>&1; done
   if [[ ${#HOST_PIDS[@]} -gt 0 ]]; then
     # The upstream agent drains on the first SIGTERM and stops on the second.
@@ -142,7 +151,7 @@ trap 'exit 130' INT TERM
 # shellcheck source=/dev/null
 . "$ROOT/packaging/upstream-test-client.sh"
 # The stages, in order, each in its own file: they share this shell and its variables.
-for part in setup run play; do
+for part in setup run play kube-proxy; do
   # shellcheck source=/dev/null
   . "$HERE/test.d/$part.sh"
 done
@@ -150,8 +159,9 @@ done
 # ------------------------------------------------------------------------------ summary -----
 echo
 echo "=== image sizes"
-for p in server agent; do
-  [[ -n "${SIZES[$p]:-}" ]] && printf '  konnectivity-%-7s %10s bytes  %5.1f MB  (limit 25 MB)\n' "$p" "${SIZES[$p]}" "$(awk -v s="${SIZES[$p]}" 'BEGIN { print s / 1e6 }')"
+declare -A IMAGE_NAME=([server]=konnectivity-server [agent]=konnectivity-agent [kube-proxy]=kube-proxy)
+for p in server agent kube-proxy; do
+  [[ -n "${SIZES[$p]:-}" ]] && printf '  %-20s %10s bytes  %5.1f MB  (limit 25 MB)\n' "${IMAGE_NAME[$p]}" "${SIZES[$p]}" "$(awk -v s="${SIZES[$p]}" 'BEGIN { print s / 1e6 }')"
 done
 echo "=== step timings"
 printf '%s\n' "${TIMINGS[@]}"

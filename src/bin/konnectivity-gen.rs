@@ -2,14 +2,15 @@
 //!
 //!   konnectivity-gen OUT_DIR
 //!
-//! writes, under OUT_DIR:
-//!   man/konnectivity-server.8, man/konnectivity-agent.8          the programs (their clap flags)
-//!   man/konnectivity-server.toml.5, man/konnectivity-agent.toml.5 the config files (from the
-//!                                                               complete references in config/)
-//!   completions/{bash,zsh,fish}/...                              for both programs
+//! writes, under OUT_DIR, for konnectivity-server, konnectivity-agent and kube-proxy:
+//!   man/<program>.8                 the program (its clap flags)
+//!   man/<program>-<command>.8       each of its commands (konnectivity-server tunnels,
+//!                                   kube-proxy trace)
+//!   man/<program>.toml.5            its config file (from the complete reference in config/)
+//!   completions/{bash,zsh,fish}/... for each program
 //!
 //! Not packaged: packaging/build.sh runs it from the release build (`cargo build --release
-//! --bins` builds it beside the two programs, so packaging needs no second build). The output
+//! --bins` builds it beside the programs, so packaging needs no second build). The output
 //! depends only on the sources (no date, no build path), so the packages stay reproducible.
 
 use std::fs;
@@ -24,14 +25,16 @@ use clap_mangen::Man;
 
 use kube_traffic::agent::AgentOptions;
 use kube_traffic::config::Options;
+use kube_traffic::kube_proxy::options::KubeProxyOptions;
+use kube_traffic::kube_proxy::trace_cli::{self, TraceArgs};
 use kube_traffic::tunnels_cli::TunnelsArgs;
 
-/// Section 8: both programs are daemons that systemd starts, not commands a user runs.
+/// Section 8: the programs are daemons that systemd starts, not commands a user runs.
 const PROGRAM_SECTION: &str = "8";
 const CONFIG_SECTION: &str = "5";
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// What differs between the two programs' pages.
+/// What differs between the programs' pages.
 struct Program {
     name: &'static str,
     /// The config file's page: `<name>.toml`.
@@ -41,16 +44,26 @@ struct Program {
     /// config page.
     reference: &'static str,
     config_path: &'static str,
+    /// Its owner and mode as packaged.
+    config_owner: &'static str,
+    /// A flag the CONFIGURATION section names as the example of a key (one the page lists).
+    example_flag: &'static str,
+    /// What else the CONFIGURATION section says (other file formats, the default file).
+    config_note: &'static str,
     env_prefix: &'static str,
-    id_env: &'static str,
+    /// Upstream's variable for the program's id, if it has one.
+    id_env: Option<&'static str>,
     defaults_file: &'static str,
     args_var: &'static str,
-    pki: &'static str,
+    /// Where the admin puts the credentials the packaged configuration names, and what.
+    credentials: (&'static str, &'static str),
+    /// The unit, in a sentence.
+    unit: &'static str,
     extra_files: &'static [(&'static str, &'static str)],
     signals: &'static [(&'static str, &'static str)],
 }
 
-fn programs() -> [Program; 2] {
+fn programs() -> [Program; 3] {
     [
         Program {
             name: "konnectivity-server",
@@ -61,11 +74,15 @@ fn programs() -> [Program; 2] {
                 .disable_help_subcommand(true),
             reference: include_str!("../../config/server.toml"),
             config_path: "/etc/konnectivity/server.toml",
+            config_owner: "root:<user> 0640",
+            example_flag: "log-file-max-size",
+            config_note: "",
             env_prefix: "KONNECTIVITY_SERVER_",
-            id_env: "PROXY_SERVER_ID",
+            id_env: Some("PROXY_SERVER_ID"),
             defaults_file: "/etc/default/konnectivity-server",
             args_var: "KONNECTIVITY_SERVER_ARGS",
-            pki: "/etc/konnectivity/pki/",
+            credentials: ("/etc/konnectivity/pki/", PKI_NOTE),
+            unit: UNIT_NOTE,
             extra_files: &[
                 (
                     "/run/konnectivity-server/konnectivity-server.socket",
@@ -97,11 +114,15 @@ fn programs() -> [Program; 2] {
             command: AgentOptions::command(),
             reference: include_str!("../../config/agent.toml"),
             config_path: "/etc/konnectivity/agent.toml",
+            config_owner: "root:<user> 0640",
+            example_flag: "log-file-max-size",
+            config_note: "",
             env_prefix: "KONNECTIVITY_AGENT_",
-            id_env: "PROXY_AGENT_ID",
+            id_env: Some("PROXY_AGENT_ID"),
             defaults_file: "/etc/default/konnectivity-agent",
             args_var: "KONNECTIVITY_AGENT_ARGS",
-            pki: "/etc/konnectivity/agent-pki/",
+            credentials: ("/etc/konnectivity/agent-pki/", PKI_NOTE),
+            unit: UNIT_NOTE,
             extra_files: &[],
             signals: &[
                 (
@@ -116,8 +137,70 @@ fn programs() -> [Program; 2] {
                 ),
             ],
         },
+        Program {
+            name: "kube-proxy",
+            config_page: "kube-proxy.toml",
+            // `kube-proxy trace` is in the page's synopsis and in the completions. Upstream's
+            // help text (the command's about) is long: it is the DESCRIPTION, and NAME gets
+            // a line.
+            command: {
+                let mut command = KubeProxyOptions::command();
+                if let Some(about) = command.get_about().cloned() {
+                    command = command.long_about(about);
+                }
+                command
+                    .about("the Kubernetes network proxy: the node's Services in nftables")
+                    .subcommand(TraceArgs::command().name(trace_cli::NAME))
+                    .disable_help_subcommand(true)
+            },
+            reference: include_str!("../../config/kube-proxy.toml"),
+            config_path: "/etc/kubernetes/kube-proxy.toml",
+            config_owner: "root:root 0644",
+            example_flag: "conntrack-max-per-core",
+            config_note: "The file is read when it exists, also without --config. --config also takes \
+                upstream's KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1, YAML or JSON), as \
+                kubeadm writes it; unlike upstream, flags given with it still apply.",
+            env_prefix: "KUBE_PROXY_",
+            id_env: None,
+            defaults_file: "/etc/default/kube-proxy",
+            args_var: "KUBE_PROXY_ARGS",
+            credentials: (
+                "/etc/kubernetes/kube-proxy.kubeconfig",
+                "The kubeconfig the packaged configuration names: the API server, its CA and \
+                 credentials bound to the ClusterRole system:node-proxier. The unit is skipped at \
+                 boot until it exists.",
+            ),
+            unit: "The systemd unit: Type=notify (ready once the first sync is in the kernel), \
+                reload on SIGHUP after --check-config, watchdog while syncs are healthy; root with \
+                CAP_NET_ADMIN and CAP_NET_RAW only.",
+            extra_files: &[(
+                "/usr/lib/tmpfiles.d/kube-proxy.conf",
+                "Creates /run/xtables.lock, the lock iptables-legacy-restore takes when the \
+                 iptables leftovers of upstream's iptables mode are removed at start.",
+            )],
+            signals: &[
+                (
+                    "SIGHUP",
+                    "Read the configuration again and apply it (a sync with the new settings); the \
+                     mode, node name, API connection, bind address and feature gates keep their \
+                     running values until a restart. An invalid configuration is logged and the \
+                     running one is kept. Saving the configuration file does the same.",
+                ),
+                (
+                    "SIGTERM, SIGINT",
+                    "Exit 0. The rules stay in the kernel: Services keep working until the next \
+                     start takes them over (kube-proxy --cleanup removes them).",
+                ),
+            ],
+        },
     ]
 }
+
+/// The FILES entry of a Konnectivity program's certificate directory.
+const PKI_NOTE: &str = "Where the packaged configuration expects certificates and keys; the unit \
+    is skipped at boot until they exist.";
+const UNIT_NOTE: &str =
+    "The systemd unit: Type=notify, reload on SIGHUP after --check-config, watchdog.";
 
 fn main() -> Result<()> {
     let mut args = std::env::args_os().skip(1);
@@ -146,7 +229,7 @@ fn main() -> Result<()> {
                 sub.get_name()
             ));
             // Its own commands (`close`) are in its description: they have no pages.
-            let page = man(command, &name, PROGRAM_SECTION);
+            let page = man(command, &name, PROGRAM_SECTION, program.name);
             let mut buffer = Vec::new();
             page.render_title(&mut buffer)?;
             page.render_name_section(&mut buffer)?;
@@ -179,11 +262,12 @@ fn write(path: &Path, contents: &[u8]) -> Result<()> {
     fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }
 
-fn man(command: clap::Command, title: &str, section: &str) -> Man {
+/// `package`: the package the page comes with, named in its footer.
+fn man(command: clap::Command, title: &str, section: &str, package: &str) -> Man {
     Man::new(command)
         .title(title.to_uppercase())
         .section(section)
-        .source(format!("konnectivity-server {VERSION}"))
+        .source(format!("{package} {VERSION}"))
         .manual(if section == PROGRAM_SECTION {
             "System Administration"
         } else {
@@ -194,7 +278,7 @@ fn man(command: clap::Command, title: &str, section: &str) -> Man {
 /// The program's page: clap's NAME, SYNOPSIS, DESCRIPTION and OPTIONS, then what the flags
 /// do not say (the layers, the files, the signals, the unit).
 fn program_page(p: &Program) -> Result<Vec<u8>> {
-    let page = man(p.command.clone(), p.name, PROGRAM_SECTION);
+    let page = man(p.command.clone(), p.name, PROGRAM_SECTION, p.name);
     let mut out = Vec::new();
     page.render_title(&mut out)?;
     page.render_name_section(&mut out)?;
@@ -211,15 +295,23 @@ fn program_page(p: &Program) -> Result<Vec<u8>> {
         roman("Every flag is also a key of the TOML file "),
         bold(p.config_path),
         roman(" (the flag name in snake_case, e.g. "),
-        bold("--log-file-max-size"),
+        bold(format!("--{}", p.example_flag)),
         roman(" is "),
-        bold("log_file_max_size"),
+        bold(p.example_flag.replace('-', "_")),
         roman(") and an environment variable "),
-        bold(format!("{}LOG_FILE_MAX_SIZE", p.env_prefix)),
+        bold(format!(
+            "{}{}",
+            p.env_prefix,
+            p.example_flag.replace('-', "_").to_uppercase()
+        )),
         roman(". Layers, lowest first: built-in defaults, the file, the environment, the command line. Every key is described in "),
         bold(format!("{}.toml", p.name)),
         roman(format!("({CONFIG_SECTION}).")),
     ]);
+    if !p.config_note.is_empty() {
+        r.control("PP", []);
+        r.text([roman(p.config_note)]);
+    }
     r.control("SH", ["ENVIRONMENT"]);
     r.control("TP", []);
     r.text([bold(format!("{}<KEY>", p.env_prefix))]);
@@ -229,11 +321,13 @@ fn program_page(p: &Program) -> Result<Vec<u8>> {
     r.control("TP", []);
     r.text([bold(format!("{}CONFIG", p.env_prefix))]);
     r.text([roman("The configuration file, when --config is not given.")]);
-    r.control("TP", []);
-    r.text([bold(p.id_env)]);
-    r.text([roman(
-        "The id, as upstream reads it; the prefixed variable for the same key overrides it.",
-    )]);
+    if let Some(id_env) = p.id_env {
+        r.control("TP", []);
+        r.text([bold(id_env)]);
+        r.text([roman(
+            "The id, as upstream reads it; the prefixed variable for the same key overrides it.",
+        )]);
+    }
     r.control("TP", []);
     r.text([bold("RUST_LOG")]);
     r.text([roman(
@@ -248,7 +342,10 @@ fn program_page(p: &Program) -> Result<Vec<u8>> {
     r.control("SH", ["FILES"]);
     let unit = format!("/usr/lib/systemd/system/{}.service", p.name);
     let files: Vec<(&str, String)> = [
-        (p.config_path, "The configuration file (root:<user> 0640).".to_string()),
+        (
+            p.config_path,
+            format!("The configuration file ({}).", p.config_owner),
+        ),
         (
             p.defaults_file,
             format!(
@@ -256,8 +353,8 @@ fn program_page(p: &Program) -> Result<Vec<u8>> {
                 p.args_var
             ),
         ),
-        (p.pki, "Where the packaged configuration expects certificates and keys; the unit is skipped at boot until they exist.".to_string()),
-        (unit.as_str(), "The systemd unit: Type=notify, reload on SIGHUP after --check-config, watchdog.".to_string()),
+        (p.credentials.0, p.credentials.1.to_string()),
+        (unit.as_str(), p.unit.to_string()),
     ]
     .into_iter()
     .chain(p.extra_files.iter().map(|(f, w)| (*f, w.to_string())))
@@ -288,7 +385,12 @@ fn program_page(p: &Program) -> Result<Vec<u8>> {
 fn config_page(p: &Program) -> Result<Vec<u8>> {
     let file = p.config_page;
     let about = format!("configuration file of {}({PROGRAM_SECTION})", p.name);
-    let page = man(clap::Command::new(file).about(about), file, CONFIG_SECTION);
+    let page = man(
+        clap::Command::new(file).about(about),
+        file,
+        CONFIG_SECTION,
+        p.name,
+    );
     let mut out = Vec::new();
     page.render_title(&mut out)?;
     page.render_name_section(&mut out)?;
@@ -333,7 +435,7 @@ fn config_page(p: &Program) -> Result<Vec<u8>> {
         } else if line.is_empty() {
             block(&mut r, &text, &keys);
             (text, keys) = (Vec::new(), Vec::new());
-        } else if is_key(line) || line.strip_prefix("# ").is_some_and(is_key) {
+        } else if is_key(line) || is_table(line) || line.strip_prefix("# ").is_some_and(is_key) {
             // A commented-out key (no default to show) is an example of the setting.
             keys.push(line);
         } else if let Some(c) = comment(line) {
@@ -380,6 +482,15 @@ fn is_key(line: &str) -> bool {
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
     })
+}
+
+/// `[table]`: a TOML table header (kube-proxy's `[feature_gates]`), shown as a key is.
+fn is_table(line: &str) -> bool {
+    line.strip_prefix('[')
+        .and_then(|l| l.strip_suffix(']'))
+        .is_some_and(|name| {
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        })
 }
 
 /// A paragraph of comment text (indented lines kept as they are), then its keys as in the file.

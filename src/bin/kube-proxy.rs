@@ -18,6 +18,24 @@ use kube_traffic::kube_proxy::trace_cli;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+// The proxy's allocator options, as the agent's (src/bin/konnectivity-agent.rs says why): one
+// arena rather than four per CPU, and small thread caches. Its work is a few tasks that run
+// now and then (the watches, one sync per family), not many threads allocating at once, so
+// an arena per CPU only holds pages an idle proxy never uses again.
+//
+// SAFETY (exporting a symbol): jemalloc declares `const char *malloc_conf` (prefixed `_rjem_`,
+// as tikv-jemalloc-sys builds it) as a weak symbol for programs to define; this is the only
+// definition, a pointer to a NUL-terminated constant that is never written.
+#[cfg(feature = "jemalloc")]
+#[allow(unsafe_code)]
+#[export_name = "_rjem_malloc_conf"]
+#[allow(non_upper_case_globals)]
+pub static malloc_conf: &[u8; 37] = b"narenas:1,tcache_nslots_small_max:16\0";
+
+/// Runtime workers: the proxy's tasks are few and mostly wait (watches, one sync per family,
+/// the HTTP ports), so two are plenty however many CPUs the node has.
+const WORKERS: usize = 2;
+
 fn main() -> ExitCode {
     let _finish_logs = cli::FinishLogs;
     start()
@@ -93,6 +111,7 @@ fn start() -> ExitCode {
         return cli::check_result(options.config.as_deref(), Ok(()));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKERS)
         .enable_all()
         .build()
     {

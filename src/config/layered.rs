@@ -4,8 +4,6 @@ use std::path::{Path, PathBuf};
 
 use figment::value::Dict;
 
-use super::layers::ConfigError;
-
 /// A config file in a format of the program's own, read into the layers' keys.
 pub struct FileLayer {
     /// Values by key, as the TOML file would give them.
@@ -54,4 +52,17 @@ pub trait Layered:
     fn ignored_args(&self) -> &[String];
     /// Program-specific warnings about the merged settings.
     fn after_load(&self, _warnings: &mut Vec<String>) {}
+}
+
+/// Why loading a program's configuration layers failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("config file {0} does not exist")]
+    MissingFile(PathBuf),
+    #[error("environment variable {name}: {message}")]
+    Env { name: String, message: String },
+    #[error("{0}")]
+    Layer(String),
 }

@@ -11,24 +11,12 @@ use figment::value::{Dict, Value};
 use figment::Figment;
 
 use super::goflag::{check_severity, check_trace_location, check_vmodule, parse_go_bool};
-use super::layered::Layered;
+use super::layered::{ConfigError, Layered};
 use super::Options;
 
 /// Variables with a program's prefix that are not settings: the config path itself, and the
 /// arguments the systemd unit passes on from /etc/default/<program>.
 const ENV_NOT_SETTINGS: &[&str] = &["config", "args"];
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("config file {path}: {message}")]
-    File { path: PathBuf, message: String },
-    #[error("config file {0} does not exist")]
-    MissingFile(PathBuf),
-    #[error("environment variable {name}: {message}")]
-    Env { name: String, message: String },
-    #[error("{0}")]
-    Layer(String),
-}
 
 /// The parsed command line and which settings it gave explicitly.
 #[derive(Clone, Debug)]

@@ -20,8 +20,8 @@ use std::time::Duration;
 pub use duration::{GoDuration, ParseDurationError};
 pub use flags::Options;
 pub use frontends::{Frontend, FrontendOptions, FIRST_FRONTEND};
-pub use layered::{FileLayer, Layered};
-pub use layers::{CommandLine, ConfigError};
+pub use layered::{ConfigError, FileLayer, Layered};
+pub use layers::CommandLine;
 pub use quantity::Quantity;
 pub use validate::{GO_ACCEPTED_CIPHER_SUITES, MIN_FRONTEND_QUEUE_BYTES};
 pub use values::{

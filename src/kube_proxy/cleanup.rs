@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use super::model::IpFamily;
-use super::nft::exec::Nft;
+use super::nft::exec::Applier;
 use super::nft::objects::TABLE;
 
 /// Chains upstream's iptables mode owns, by table.
@@ -195,7 +195,7 @@ pub async fn ipvs_leftovers(exclude: &[ipnet::IpNet]) -> bool {
 }
 
 /// Deletes our table of each family (gone already: fine).
-pub async fn nftables_tables(nft: &Nft) -> bool {
+pub async fn nftables_tables(nft: &Applier) -> bool {
     let mut ok = true;
     for family in [IpFamily::V4, IpFamily::V6] {
         let mut tx = super::nft::objects::Transaction::new(family);

@@ -1,12 +1,12 @@
 //! The node's one-time steps around the proxy: what `--init-only` does (the privileged set-up:
-//! the conntrack sysctls, the OOM score, nft's presence and version), the removal of other
+//! the conntrack sysctls, the OOM score, the nftables applier's readiness), the removal of other
 //! modes' leftovers at start, and `--cleanup`.
 
 use super::cleanup;
 use super::config::{ProxyConfig, ProxyMode};
 use super::forward_accept;
 use super::model::IpFamily;
-use super::nft::exec::Nft;
+use super::nft::exec::Applier;
 use super::run::{conntrack_settings, RunError};
 use crate::kube_proxy::conntrack::sysctls;
 
@@ -21,7 +21,7 @@ fn oom_score(config: &ProxyConfig) {
 /// The set-up that needs privileges, and the mode's announcement.
 pub async fn prepare(config: &ProxyConfig) -> Result<(), RunError> {
     oom_score(config);
-    Nft::find(None).await?;
+    Applier::from_env().await?;
     sysctls::set_sysctls(
         &conntrack_settings(config),
         &sysctls::KernelRoots::default(),
@@ -57,10 +57,10 @@ pub async fn prepare(config: &ProxyConfig) -> Result<(), RunError> {
 pub async fn cleanup(config: &ProxyConfig) -> bool {
     let mut ok = cleanup::iptables_leftovers().await;
     ok &= cleanup::ipvs_leftovers(&config.ipvs.exclude_cidrs).await;
-    match Nft::find(None).await {
+    match Applier::from_env().await {
         Ok(nft) => ok &= cleanup::nftables_tables(&nft).await,
         Err(e) => {
-            tracing::error!(error = %e, "cannot run nft; the nftables tables stay");
+            tracing::error!(error = %e, "cannot apply nftables transactions; the nftables tables stay");
             ok = false;
         }
     }

@@ -151,6 +151,7 @@ pub fn settings(
         masquerade_all: config.masquerade_all,
         local_detector: local_detector(&config.detect_local, family, node),
         localhost_node_ports: localhost_node_ports(config, family, &node_ports),
+        mark_hairpin_for_forward: matches!(config.mode, ProxyMode::Iptables | ProxyMode::Ipvs),
         node_ports,
         service_cidrs: service_cidrs
             .iter()

@@ -499,8 +499,10 @@ impl crate::config::Layered for KubeProxyOptions {
     const DEFAULT_CONFIG_PATH: &'static str = "/etc/kubernetes/kube-proxy.toml";
     const ID_VARIABLE: (&'static str, &'static str) = ("", "");
     const OPTIONAL_KEYS: &'static [(&'static str, bool)] = &[];
-    /// Upstream's own switch for its kernel version check, not a setting.
-    const ENV_IGNORED: &'static [&'static str] = &["nftables_skip_kernel_version_check"];
+    /// Upstream's own switch for its kernel version check, and how transactions reach the
+    /// kernel (`KUBE_PROXY_NFT_APPLIER`, read by the applier): not settings.
+    const ENV_IGNORED: &'static [&'static str] =
+        &["nftables_skip_kernel_version_check", "nft_applier"];
 
     fn file_layer(path: &Path, text: &str) -> Option<Result<FileLayer, ConfigError>> {
         file::is_kube_proxy_configuration(path, text).then(|| file::read(path, text))

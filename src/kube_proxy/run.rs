@@ -23,10 +23,10 @@ use super::conntrack::{self, sysctls, ConntrackMetrics};
 use super::healthz::ProxyHealth;
 use super::metrics::ProxyMetrics;
 use super::model::IpFamily;
-use super::nft::exec::{Nft, NftError};
+use super::nft::exec::{Applier, NftError};
 use super::node_settings::{self, NodeIps};
 use super::proxier::wanted::NodeWants;
-use super::proxier::{AfterSync, Proxier, SyncStatus, FULL_SYNC_PERIOD};
+use super::proxier::{AfterSync, Proxier, QueueMarks, SyncStatus, FULL_SYNC_PERIOD};
 use super::ruleset::settings::Settings;
 use super::runner::{self, Intervals};
 use super::servers::{self, BindError, Port};
@@ -133,7 +133,6 @@ impl runner::SyncTarget for FamilyRun {
             let s = self.settings.borrow_and_update().clone();
             self.proxier.set_settings(s);
         }
-        self.proxier.queued();
         self.proxier.sync()
     }
 }
@@ -259,7 +258,7 @@ impl RunningProxy {
 pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     let node_name = node_name(&config)?;
     let families = families();
-    let nft = Nft::find(None).await?;
+    let nft = Applier::from_env().await?;
     let kube_config = kube_client::config(
         config.client.kubeconfig.as_deref(),
         config.client.master.as_deref().unwrap_or(""),
@@ -271,7 +270,11 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
         i64::from(config.client.burst),
     )?;
 
-    announce(&client, &node_name, &config).await;
+    // Fire and forget: an apiserver that is away must not hold the start.
+    {
+        let (client, node_name, config) = (client.clone(), node_name.clone(), config.clone());
+        tokio::spawn(async move { announce(&client, &node_name, &config).await });
+    }
     let metrics = Arc::new(ProxyMetrics::new());
     let conntrack_metrics = Arc::new(
         ConntrackMetrics::register(metrics.registry())
@@ -279,6 +282,10 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     );
     let health = Arc::new(ProxyHealth::new(config.sync_period * 2));
     let store = Store::new(&families);
+    store.set_listener(Arc::new(QueueMarks {
+        health: health.clone(),
+        metrics: metrics.clone(),
+    }));
     let statuses: Vec<(IpFamily, Arc<Mutex<SyncStatus>>)> = families
         .iter()
         .map(|f| (*f, Arc::new(Mutex::new(SyncStatus::default()))))
@@ -352,9 +359,11 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
 
     // The watches.
     let (cidr_tx, cidr_rx) = watch::channel(Vec::<IpNet>::new());
+    let (listed_tx, mut listed_rx) = watch::channel(false);
     tasks.spawn(watches::service_cidrs(
         client.clone(),
         cidr_tx,
+        listed_tx,
         problems.clone(),
         stop.clone(),
     ));
@@ -371,6 +380,11 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
         problems.clone(),
         stop.clone(),
     ));
+
+    // The first sync's settings include the Service CIDRs, so that its transaction already
+    // drops traffic to unallocated ClusterIPs instead of a second one adding the rule. The
+    // wait ends with the first list or its first failure (the sender dropped ends it too).
+    let _ = listed_rx.wait_for(|listed| *listed).await;
 
     // One proxier and runner per family, and the settings they are fed.
     let (config_tx, config_rx) = watch::channel(Arc::new(config.clone()));
@@ -489,9 +503,18 @@ pub async fn start(config: ProxyConfig) -> Result<RunningProxy, RunError> {
     })
 }
 
+/// What upstream logs, as an error, when no mode was given (`server_linux.go`).
+const DEFAULTED_MODE: &str = "No kube-proxy mode specified: defaulting to 'iptables'. Note that in Kubernetes 1.40 the default mode will switch to 'nftables'. If you wish to continue using 'iptables' mode, you must explicitly specify 'mode: iptables' in the kube-proxy config file, or '--proxy-mode iptables' on the kube-proxy command line.";
+
 /// The Events upstream posts at start, and one saying what serves the mode asked for.
 async fn announce(client: &kube::Client, node_name: &str, config: &ProxyConfig) {
     use super::events::{post, Note};
+    // Upstream's line for a defaulted mode, which operators grep for before 1.40 changes the
+    // default. Upstream also records a KubeProxyDefaultMode Event, but before its Event
+    // broadcaster starts, so the Event never reaches the API; none is posted here either.
+    if config.mode_defaulted {
+        tracing::error!("{DEFAULTED_MODE}");
+    }
     post(
         client,
         node_name,

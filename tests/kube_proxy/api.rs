@@ -91,6 +91,109 @@ impl Apiserver {
     }
 }
 
+/// A kube-apiserver process stopped by [`Apiserver::kill_apiserver`]: what starts it again.
+pub struct StoppedApiserver {
+    argv: Vec<String>,
+}
+
+impl Apiserver {
+    /// SIGKILLs the kube-apiserver alone (etcd keeps running): the API goes away as when its
+    /// node dies. Returns its command line, for [`Apiserver::restart_apiserver`].
+    pub fn kill_apiserver(&mut self) -> StoppedApiserver {
+        let pid = self.get("APISERVER_PID").to_string();
+        let raw = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .unwrap_or_else(|e| panic!("kube-apiserver (pid {pid}) is not running: {e}"));
+        let argv: Vec<String> = raw
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        assert!(
+            argv.first().is_some_and(|a| a.ends_with("/kube-apiserver")),
+            "pid {pid} is not the fixture's kube-apiserver: {argv:?}"
+        );
+        procs::must("kill", &["-KILL", &pid]);
+        procs::wait_until(
+            "the killed kube-apiserver to be gone",
+            Duration::from_secs(10),
+            Duration::from_millis(20),
+            || {
+                // A zombie still has /proc/<pid>; its cmdline is empty.
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                cmd.is_empty().then_some(())
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        StoppedApiserver { argv }
+    }
+
+    /// Starts the kube-apiserver again with the same command line (the same port, the same
+    /// etcd), records its new pid where stop.sh and the watchdog read it, and waits for
+    /// `/readyz`.
+    pub fn restart_apiserver(&mut self, stopped: StoppedApiserver) {
+        use std::os::unix::process::CommandExt;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(self.get("APISERVER_LOG"))
+            .expect("apiserver log");
+        // Its own session, as start.sh starts it: it outlives the thread that started it and
+        // is stopped by stop.sh (or start.sh's watchdog), not by this process.
+        let child = std::process::Command::new(&stopped.argv[0])
+            .args(&stopped.argv[1..])
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("start kube-apiserver again");
+        let pid = child.id().to_string();
+        // Reaped by whoever waits for it: nobody here; stop.sh signals it by pid.
+        std::mem::forget(child);
+        let env_path = self.dir.join("env");
+        let text = std::fs::read_to_string(&env_path).expect("env");
+        let text: Vec<String> = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("APISERVER_PID=") {
+                    format!("APISERVER_PID={pid}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect();
+        std::fs::write(&env_path, text.join("\n") + "\n").expect("write env");
+        self.env.insert("APISERVER_PID".into(), pid);
+        let url = format!("{}/readyz", self.get("APISERVER_URL"));
+        let auth = format!("Authorization: Bearer {}", self.get("ADMIN_TOKEN"));
+        let ca = self.get("CA_CERT").to_string();
+        procs::wait_until(
+            "the restarted kube-apiserver's /readyz",
+            Duration::from_secs(120),
+            Duration::from_millis(200),
+            || {
+                procs::run(
+                    "curl",
+                    &[
+                        "-fsS",
+                        "-o",
+                        "/dev/null",
+                        "--max-time",
+                        "2",
+                        "--cacert",
+                        &ca,
+                        "-H",
+                        &auth,
+                        &url,
+                    ],
+                )
+                .ok()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
 impl Drop for Apiserver {
     fn drop(&mut self) {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kube/stop.sh");
@@ -420,16 +523,6 @@ impl Kube {
         k
     }
 
-    /// The client itself, for requests the helpers here do not make (many at once).
-    pub fn client(&self) -> kube::Client {
-        self.client.clone()
-    }
-
-    /// Runs `f` to completion on this client's runtime.
-    pub fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> T {
-        self.rt.block_on(f)
-    }
-
     /// The same client, for another namespace.
     pub fn in_namespace(&self, ns: &str) -> KubeNs<'_> {
         KubeNs {
@@ -463,6 +556,21 @@ impl Kube {
                 &Patch::Merge(json!({"status": {"addresses": addresses}})),
             ))
             .unwrap_or_else(|e| panic!("node {name} status: {e}"));
+    }
+
+    /// The `events.k8s.io/v1` Events in namespace `default` (where kube-proxy posts those about
+    /// its Node), as JSON.
+    pub fn node_events(&self) -> Vec<Value> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), "default");
+        let list = self
+            .rt
+            .block_on(events.list(&ListParams::default()))
+            .unwrap_or_else(|e| panic!("list events: {e}"));
+        list.items
+            .into_iter()
+            .map(|e| serde_json::to_value(e).expect("event json"))
+            .collect()
     }
 
     pub fn ensure_namespace(&self, ns: &str) {
@@ -503,6 +611,96 @@ impl KubeNs<'_> {
         let obj: Service = serde_json::from_value(svc.0.clone()).expect("service json");
         self.block(self.services().create(&PostParams::default(), &obj))
             .unwrap_or_else(|e| panic!("create service {}: {e}\n{}", svc.name(), svc.0))
+    }
+
+    /// Creates a Service, or says why the API refused it.
+    pub fn try_create_service(&self, svc: &Svc) -> Result<Service, String> {
+        let obj: Service = serde_json::from_value(svc.0.clone()).map_err(|e| e.to_string())?;
+        self.block(self.services().create(&PostParams::default(), &obj))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Creates a slice, or says why the API refused it.
+    pub fn try_create_slice(&self, slice: &Slice) -> Result<(), String> {
+        let obj: EndpointSlice =
+            serde_json::from_value(slice.0.clone()).map_err(|e| e.to_string())?;
+        self.block(self.slices().create(&PostParams::default(), &obj))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    /// Writes `status.loadBalancer.ingress`, or says why the API refused it.
+    pub fn try_set_lb_ingress(&self, name: &str, ips: &[&str]) -> Result<(), String> {
+        let ingress: Vec<Value> = ips.iter().map(|ip| json!({"ip": ip})).collect();
+        self.block(self.services().patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": ingress}}})),
+        ))
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    }
+
+    /// Creates many Services and slices with `parallel` requests in flight (one by one,
+    /// thousands of objects take minutes); an object that already exists is left as it is
+    /// (409), so a second call reuses the first's. Panics on any other refusal.
+    pub fn create_many(&self, svcs: &[Svc], slices: &[Slice], parallel: usize) {
+        use futures_util::stream::{self, StreamExt};
+        let services = self.services();
+        let slice_api = self.slices();
+        let ok_or_exists = |what: String, r: Result<(), kube::Error>| match r {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("create {what}: {e}"),
+        };
+        self.block(async {
+            let svc_objs: Vec<(String, Service)> = svcs
+                .iter()
+                .map(|s| {
+                    (
+                        s.name(),
+                        serde_json::from_value(s.0.clone()).expect("service json"),
+                    )
+                })
+                .collect();
+            let results: Vec<(String, Result<(), kube::Error>)> = stream::iter(svc_objs)
+                .map(|(name, obj)| {
+                    let api = services.clone();
+                    async move {
+                        let r = api.create(&PostParams::default(), &obj).await.map(|_| ());
+                        (format!("service {name}"), r)
+                    }
+                })
+                .buffer_unordered(parallel)
+                .collect()
+                .await;
+            for (what, r) in results {
+                ok_or_exists(what, r);
+            }
+            let slice_objs: Vec<(String, EndpointSlice)> = slices
+                .iter()
+                .map(|s| {
+                    (
+                        s.name(),
+                        serde_json::from_value(s.0.clone()).expect("slice json"),
+                    )
+                })
+                .collect();
+            let results: Vec<(String, Result<(), kube::Error>)> = stream::iter(slice_objs)
+                .map(|(name, obj)| {
+                    let api = slice_api.clone();
+                    async move {
+                        let r = api.create(&PostParams::default(), &obj).await.map(|_| ());
+                        (format!("slice {name}"), r)
+                    }
+                })
+                .buffer_unordered(parallel)
+                .collect()
+                .await;
+            for (what, r) in results {
+                ok_or_exists(what, r);
+            }
+        });
     }
 
     pub fn create_slice(&self, slice: &Slice) {

@@ -8,7 +8,11 @@
 //! the barrier's Service and slices show, every earlier Service and slice change has been seen,
 //! and the sync that showed it included them. That also covers changes that must leave the
 //! rules as they were (a headless Service, a slice without a Service), where "the ruleset
-//! stopped changing" would prove nothing.
+//! stopped changing" would prove nothing. A side that writes iptables rules instead of a table
+//! (upstream in iptables mode) is waited on the same way, through `iptables-save`.
+//!
+//! A side can run another mode or an operator's own command line ([`SideSetup`]), and the
+//! sides can be replaced while the apiserver keeps running ([`Harness::restart_sides`]).
 
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -20,8 +24,8 @@ use serde_json::json;
 use super::api::{self, Apiserver, Ep, Kube, KubeNs, Proto, Slice, Svc};
 use super::node::{self, NodeNs};
 use super::probe::{self, Expect};
-use super::procs::{ns_must, Proc};
-use super::proxy::{self, Impl};
+use super::procs::{self, ns_must, Proc};
+use super::proxy::{self, Args, Impl};
 use super::ruleset::{self, Table};
 use super::NODE_NAME;
 
@@ -52,6 +56,114 @@ pub struct SideSpec {
     pub which: Impl,
 }
 
+/// Where the harness sees a side's rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rules {
+    /// The `kube-proxy` table of each family (nftables mode, and ours in every mode).
+    Nftables,
+    /// `iptables-save` and `ip6tables-save` (upstream in iptables mode): there is no table to
+    /// compare, only to wait on.
+    Iptables,
+}
+
+/// One side to run, in full: its program and command line, what its node gets before the
+/// proxy starts, and where its rules are seen.
+#[derive(Clone, Debug)]
+pub struct SideSetup {
+    pub label: &'static str,
+    pub which: Impl,
+    pub args: Args,
+    /// Commands run in the node namespace once it exists, before the proxy starts (say,
+    /// `iptables -P FORWARD DROP`).
+    pub node_setup: Vec<Vec<String>>,
+    /// Files written into the side's own directory before the proxy starts: name, text
+    /// (with `{kubeconfig}` and `{dir}` replaced as in [`Args::Exact`]).
+    pub files: Vec<(String, String)>,
+    pub rules: Rules,
+}
+
+impl From<SideSpec> for SideSetup {
+    fn from(spec: SideSpec) -> SideSetup {
+        SideSetup::new(spec.label, spec.which)
+    }
+}
+
+impl SideSetup {
+    /// The harness's defaults: nftables mode, the flags of [`proxy::args`].
+    pub fn new(label: &'static str, which: Impl) -> SideSetup {
+        SideSetup {
+            label,
+            which,
+            args: Args::default(),
+            node_setup: Vec::new(),
+            files: Vec::new(),
+            rules: Rules::Nftables,
+        }
+    }
+
+    /// `--proxy-mode=<mode>`, or no `--proxy-mode` at all for "" (the mode unset). Upstream
+    /// in iptables mode (which an unset mode is) is then waited on through iptables-save.
+    pub fn mode(self, mode: &str) -> SideSetup {
+        let s = if mode.is_empty() {
+            self.without("--proxy-mode")
+        } else {
+            self.flag(&format!("--proxy-mode={mode}"))
+        };
+        let iptables = mode.is_empty() || mode == "iptables";
+        if s.which == Impl::Upstream && iptables {
+            s.rules(Rules::Iptables)
+        } else {
+            s
+        }
+    }
+
+    /// A flag `--name=value` that replaces the default flag of its name, or is added.
+    pub fn flag(mut self, flag: &str) -> SideSetup {
+        if let Args::Defaults { set, unset } = &mut self.args {
+            let name = flag.split_once('=').map_or(flag, |(n, _)| n);
+            unset.retain(|u| u != name);
+            set.retain(|f| f.split_once('=').map_or(f.as_str(), |(n, _)| n) != name);
+            set.push(flag.to_string());
+        } else {
+            panic!("side {}: flag() on an exact command line", self.label);
+        }
+        self
+    }
+
+    /// Leaves the default flag `--name` out.
+    pub fn without(mut self, name: &str) -> SideSetup {
+        if let Args::Defaults { set, unset } = &mut self.args {
+            set.retain(|f| f.split_once('=').map_or(f.as_str(), |(n, _)| n) != name);
+            unset.push(name.to_string());
+        } else {
+            panic!("side {}: without() on an exact command line", self.label);
+        }
+        self
+    }
+
+    /// Exactly this command line (see [`Args::Exact`]).
+    pub fn exact(mut self, argv: &[&str]) -> SideSetup {
+        self.args = Args::Exact(argv.iter().map(|a| a.to_string()).collect());
+        self
+    }
+
+    pub fn node(mut self, command: &[&str]) -> SideSetup {
+        self.node_setup
+            .push(command.iter().map(|a| a.to_string()).collect());
+        self
+    }
+
+    pub fn file(mut self, name: &str, text: &str) -> SideSetup {
+        self.files.push((name.to_string(), text.to_string()));
+        self
+    }
+
+    pub fn rules(mut self, rules: Rules) -> SideSetup {
+        self.rules = rules;
+        self
+    }
+}
+
 /// A ruleset line difference that is expected, with why.
 pub struct KnownDiff {
     /// The scenario it applies to, or "*".
@@ -64,9 +176,13 @@ pub struct KnownDiff {
 pub struct Side {
     pub label: &'static str,
     pub which: Impl,
+    pub rules: Rules,
+    /// The proxy's arguments, as started.
+    pub argv: Vec<String>,
     // Field order is drop order: the proxy first, then the relay, then the namespaces.
     pub proxy: Proc,
-    relay: Proc,
+    /// None while a test keeps the apiserver out of this node's reach.
+    relay: Option<Proc>,
     pub node: NodeNs,
     /// The tables as the last wait saw them, per family.
     pub tables: BTreeMap<&'static str, Option<Table>>,
@@ -99,14 +215,41 @@ pub struct Harness {
     pub timings: Vec<(String, Duration)>,
     known: &'static [KnownDiff],
     probe_calls: usize,
+    /// The host half of the relay, which every node's half connects to.
+    socket: PathBuf,
+    /// The kubeconfig the proxies get (the relay's end inside a node).
+    kubeconfig: PathBuf,
+    artefacts: PathBuf,
+    /// Proxies started since the start-up (numbers their logs).
+    restarts: usize,
+    /// How long [`Harness::settle`] waits ([`SYNC_TIMEOUT`] unless a scenario says).
+    pub sync_timeout: Duration,
+}
+
+impl Side {
+    /// A command in the side's node namespace.
+    pub fn node_run(&self, args: &[&str]) -> Result<String, String> {
+        super::procs::ns_run(&self.node.node, args)
+    }
 }
 
 impl Harness {
     /// Starts everything and waits until every side's proxy has synced once.
     pub fn start(specs: &[SideSpec], known: &'static [KnownDiff]) -> Harness {
+        let setups: Vec<SideSetup> = specs.iter().map(|s| SideSetup::from(*s)).collect();
+        Harness::start_with(&artefacts(), &setups, known)
+    }
+
+    /// [`start`](Self::start) with sides set up in full, leaving what a person needs to read a
+    /// failure in `artefacts` (a directory of this run's own: it is emptied first).
+    pub fn start_with(
+        artefacts: &Path,
+        setups: &[SideSetup],
+        known: &'static [KnownDiff],
+    ) -> Harness {
         node::clean_leftovers();
-        let _ = std::fs::remove_dir_all(artefacts());
-        std::fs::create_dir_all(artefacts()).expect("artefacts dir");
+        let _ = std::fs::remove_dir_all(artefacts);
+        std::fs::create_dir_all(artefacts).expect("artefacts dir");
         let t0 = Instant::now();
         let dir = tempfile::Builder::new()
             .prefix(&format!("{}.", node::prefix()))
@@ -126,33 +269,8 @@ impl Harness {
         let host_relay = api::host_relay(&api, &socket, &dir.path().join("relay-host.log"));
         let kubeconfig = dir.path().join("node.kubeconfig");
         api.write_node_kubeconfig(&kubeconfig);
-        let mut sides = Vec::new();
-        for spec in specs {
-            let node = NodeNs::create(spec.label, dir.path(), &agent);
-            let relay = api::node_relay(
-                &node.node,
-                &socket,
-                &dir.path().join(format!("relay-{}.log", spec.label)),
-            );
-            let proxy = proxy::start(
-                spec.which,
-                &api.bin_dir(),
-                &node.node,
-                &kubeconfig,
-                &dir.path().join(format!("kube-proxy-{}.log", spec.label)),
-            );
-            sides.push(Side {
-                label: spec.label,
-                which: spec.which,
-                proxy,
-                relay,
-                node,
-                tables: BTreeMap::new(),
-                baseline: BTreeMap::new(),
-            });
-        }
         let mut h = Harness {
-            sides,
+            sides: Vec::new(),
             host_relay,
             kube,
             api,
@@ -165,15 +283,110 @@ impl Harness {
             timings: Vec::new(),
             known,
             probe_calls: 0,
+            socket,
+            kubeconfig,
+            artefacts: artefacts.to_path_buf(),
+            restarts: 0,
+            sync_timeout: SYNC_TIMEOUT,
         };
-        h.wait_barrier().unwrap_or_else(|e| panic!("{e}"));
-        h.settle_stale().unwrap_or_else(|e| panic!("{e}"));
-        h.check_the_comparison_sees_a_difference();
-        for s in &mut h.sides {
-            s.baseline = s.tables.clone();
-        }
+        h.add_sides(setups);
+        h.sides_ready();
         h.timings.push(("start-up".into(), t0.elapsed()));
         h
+    }
+
+    /// Stops every side and deletes its namespaces, then starts these sides (new nodes, new
+    /// proxies) against the same apiserver, with the scenario namespace emptied first, and
+    /// waits until each has synced once.
+    pub fn restart_sides(&mut self, setups: &[SideSetup]) {
+        let t0 = Instant::now();
+        self.scenario = format!("start-up of {}", labels(setups));
+        self.sides.clear();
+        self.api().delete_all();
+        self.add_sides(setups);
+        self.sides_ready();
+        self.timings.push((self.scenario.clone(), t0.elapsed()));
+    }
+
+    fn add_sides(&mut self, setups: &[SideSetup]) {
+        let bin_dir = self.api.bin_dir();
+        for setup in setups {
+            assert!(
+                !self.sides.iter().any(|s| s.label == setup.label),
+                "two sides labelled {}",
+                setup.label
+            );
+            let run_dir = self.dir.path();
+            // Each side's files in a directory of its own: a proxy that watches its
+            // configuration file (upstream exits when it changes) must not see another
+            // side's copy written over it.
+            let dir = &run_dir.join(setup.label);
+            std::fs::create_dir_all(dir).expect("a side's directory");
+            let node = NodeNs::create(setup.label, run_dir, &self.agent);
+            for command in &setup.node_setup {
+                let args: Vec<&str> = command.iter().map(String::as_str).collect();
+                ns_must(&node.node, &args);
+            }
+            for (name, text) in &setup.files {
+                let text = proxy::fill(text, &self.kubeconfig, dir);
+                std::fs::write(dir.join(name), text).expect("write a side's file");
+            }
+            let relay = api::node_relay(
+                &node.node,
+                &self.socket,
+                &run_dir.join(format!("relay-{}.log", setup.label)),
+            );
+            let argv = proxy::argv(&setup.args, &self.kubeconfig, dir);
+            let proxy = proxy::start_argv(
+                setup.which,
+                &bin_dir,
+                &node.node,
+                &argv,
+                &run_dir.join(format!("kube-proxy-{}.log", setup.label)),
+            );
+            self.sides.push(Side {
+                label: setup.label,
+                which: setup.which,
+                rules: setup.rules,
+                argv,
+                proxy,
+                relay: Some(relay),
+                node,
+                tables: BTreeMap::new(),
+                baseline: BTreeMap::new(),
+            });
+        }
+    }
+
+    /// After new sides started: every one has synced once, and their start-up state is kept.
+    fn sides_ready(&mut self) {
+        self.wait_barrier().unwrap_or_else(|e| panic!("{e}"));
+        self.wait_service_cidrs();
+        self.settle_stale().unwrap_or_else(|e| panic!("{e}"));
+        self.check_the_comparison_sees_a_difference();
+        for s in &mut self.sides {
+            s.baseline = s.tables.clone();
+        }
+    }
+
+    /// The side labelled `label`.
+    pub fn side(&self, label: &str) -> &Side {
+        self.sides
+            .iter()
+            .find(|s| s.label == label)
+            .unwrap_or_else(|| panic!("no side {label}"))
+    }
+
+    pub fn side_mut(&mut self, label: &str) -> &mut Side {
+        self.sides
+            .iter_mut()
+            .find(|s| s.label == label)
+            .unwrap_or_else(|| panic!("no side {label}"))
+    }
+
+    /// Where this run leaves what a person needs to read a failure.
+    pub fn artefacts(&self) -> &Path {
+        &self.artefacts
     }
 
     pub fn dir(&self) -> &Path {
@@ -183,7 +396,7 @@ impl Harness {
     /// Copies every process's log into [`artefacts`] (for a failed run: the run's directory
     /// goes with the harness).
     pub fn save_logs(&self) -> PathBuf {
-        let to = artefacts();
+        let to = self.artefacts.clone();
         if let Ok(entries) = std::fs::read_dir(self.dir()) {
             for e in entries.flatten() {
                 if e.path().extension().is_some_and(|x| x == "log") {
@@ -198,6 +411,96 @@ impl Harness {
     pub fn keep_dir(&mut self) -> PathBuf {
         self.dir.disable_cleanup(true);
         self.dir.path().to_path_buf()
+    }
+
+    /// The kubeconfig the proxies use (the relay's end in their node).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.kubeconfig.clone()
+    }
+
+    /// The apiserver fixture (to stop and start the kube-apiserver).
+    pub fn apiserver(&mut self) -> &mut Apiserver {
+        &mut self.api
+    }
+
+    /// Index of the side labelled `label`.
+    pub fn side_index(&self, label: &str) -> usize {
+        self.sides
+            .iter()
+            .position(|s| s.label == label)
+            .unwrap_or_else(|| panic!("no side {label}"))
+    }
+
+    /// Stops side `label` and deletes its node (for scenarios that need one side only).
+    pub fn remove_side(&mut self, label: &str) {
+        let i = self.side_index(label);
+        drop(self.sides.remove(i));
+    }
+
+    /// Stops side `i`'s proxy (SIGKILL when `kill`, else SIGTERM) and starts its program
+    /// again with `args` (see [`proxy::args`]) and `env`; returns the new log's path. Does not
+    /// wait for it to sync.
+    pub fn restart_proxy(
+        &mut self,
+        i: usize,
+        kill: bool,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> PathBuf {
+        self.stop_proxy(i, kill);
+        self.start_proxy(i, args, env)
+    }
+
+    /// Stops side `i`'s proxy; the guard stays until [`Harness::start_proxy`] replaces it.
+    pub fn stop_proxy(&mut self, i: usize, kill: bool) {
+        let side = &mut self.sides[i];
+        if kill {
+            side.proxy.kill();
+        } else {
+            side.proxy.stop();
+        }
+    }
+
+    /// Starts side `i`'s program with `args` and `env` (its previous proxy must be stopped).
+    pub fn start_proxy(&mut self, i: usize, args: &[String], env: &[(&str, &str)]) -> PathBuf {
+        self.restarts += 1;
+        let side = &mut self.sides[i];
+        assert!(
+            side.proxy.exited().is_some(),
+            "side {}: its proxy still runs",
+            side.label
+        );
+        let log = self
+            .dir
+            .path()
+            .join(format!("kube-proxy-{}-{}.log", side.label, self.restarts));
+        side.proxy = proxy::start_with(
+            side.which,
+            &self.api.bin_dir(),
+            &side.node.node,
+            args,
+            env,
+            &log,
+        );
+        log
+    }
+
+    /// Stops the relay into side `i`'s node: its proxy can no longer reach the apiserver.
+    pub fn stop_relay(&mut self, i: usize) {
+        if let Some(mut r) = self.sides[i].relay.take() {
+            r.stop();
+        }
+    }
+
+    /// Starts the relay into side `i`'s node again.
+    pub fn start_relay(&mut self, i: usize) {
+        assert!(self.sides[i].relay.is_none(), "the relay runs");
+        let socket = self.socket.clone();
+        let log = self.dir.path().join(format!(
+            "relay-{}-{}.log",
+            self.sides[i].label, self.restarts
+        ));
+        self.sides[i].relay = Some(api::node_relay(&self.sides[i].node.node, &socket, &log));
     }
 
     /// The scenario namespace's client.
@@ -248,12 +551,45 @@ impl Harness {
         self.settle_stale().unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// Upstream's first sync may go in before it has listed the ServiceCIDRs (ours waits
+    /// for their first list), so its rule that drops traffic to unallocated ClusterIPs may come one
+    /// sync later. The baseline is taken after every side has it, so that its late arrival
+    /// does not show as a difference in the first scenario that compares with the baseline;
+    /// a test that restarts a proxy waits for it too, so that the sync it adds does not land
+    /// in the middle of what the test measures.
+    pub fn wait_service_cidrs(&mut self) {
+        const RULE: &str = "Drop traffic to unallocated ClusterIPs";
+        for side in self.sides.iter().filter(|s| s.rules == Rules::Nftables) {
+            procs::wait_until(
+                &format!("side {}: the unallocated-ClusterIP rule", side.label),
+                SYNC_TIMEOUT,
+                Duration::from_millis(50),
+                || {
+                    FAMILIES
+                        .iter()
+                        .all(|fam| {
+                            ruleset::dump(&side.node.node, fam)
+                                .ok()
+                                .flatten()
+                                .is_some_and(|t| t.mentions(RULE))
+                        })
+                        .then_some(())
+                },
+            )
+            .unwrap_or_else(|e| panic!("{e}; proxy log:\n{}", side.proxy.log_tail(30)));
+        }
+        // The tables the baseline is taken from include it.
+        self.settle();
+    }
+
     /// Upstream flushes a chain it no longer uses and deletes it in a later sync, at least a
     /// second after; a sync happens only when something changes. So while any side shows a
     /// flushed chain, move the barrier again (each move is one more sync). A program that
     /// never deletes them fails here, after a few rounds.
     fn settle_stale(&mut self) -> Result<(), String> {
-        for _ in 0..4 {
+        let start = Instant::now();
+        let mut rounds = 0;
+        loop {
             let stale: Vec<String> = self
                 .sides
                 .iter()
@@ -268,17 +604,30 @@ impl Harness {
             if stale.is_empty() {
                 return Ok(());
             }
+            // At least 4 more syncs, and (for a proxy whose min sync period is under the
+            // second a flushed chain waits) at least 10 s of them.
+            if rounds >= 4 {
+                if start.elapsed() > Duration::from_secs(10) {
+                    return Err(format!(
+                        "flushed per-Service chains still present after {rounds} more syncs in \
+                         {:?}: {stale:?}",
+                        start.elapsed()
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
             self.barrier += 1;
             move_barrier(&self.kube.in_namespace(BARRIER_NS), self.barrier);
             self.wait_barrier()?;
+            rounds += 1;
         }
-        Err("flushed per-Service chains still present after 4 more syncs".into())
     }
 
     /// Polls every side's tables until both families show the current barrier.
     fn wait_barrier(&mut self) -> Result<(), String> {
         let want = u64::from(self.barrier);
-        let deadline = Instant::now() + SYNC_TIMEOUT;
+        let timeout = self.sync_timeout;
+        let deadline = Instant::now() + timeout;
         for side in &mut self.sides {
             loop {
                 if let Some(status) = side.proxy.exited() {
@@ -291,6 +640,11 @@ impl Harness {
                 }
                 let mut seen = Vec::new();
                 let mut ok = true;
+                if side.rules == Rules::Iptables {
+                    let (shown, what) = iptables_barrier(&side.node.node, want)?;
+                    ok &= shown;
+                    seen.push(what);
+                }
                 for fam in FAMILIES {
                     let t = ruleset::dump(&side.node.node, fam)?;
                     let (vip, ep) = if fam == "ip" {
@@ -302,11 +656,14 @@ impl Harness {
                         Some(t) => (t.service_ports(vip, "tcp"), t.dnat_ports(ep)),
                         None => (vec![], vec![]),
                     };
+                    side.tables.insert(fam, t);
+                    if side.rules == Rules::Iptables {
+                        continue;
+                    }
                     ok &= ports == [want] && dnat == [want];
                     seen.push(format!(
                         "{fam}: service port {ports:?}, endpoint port {dnat:?}"
                     ));
-                    side.tables.insert(fam, t);
                 }
                 if ok {
                     break;
@@ -314,7 +671,7 @@ impl Harness {
                 if Instant::now() > deadline {
                     return Err(format!(
                         "side {} ({}): the barrier's port {want} did not reach the rules within \
-                         {SYNC_TIMEOUT:?} (last seen {}); proxy log:\n{}",
+                         {timeout:?} (last seen {}); proxy log:\n{}",
                         side.label,
                         side.which.label(),
                         seen.join("; "),
@@ -339,7 +696,7 @@ impl Harness {
     /// After [`settle`](Self::settle): the sides' tables must be equal, but for the known
     /// differences. Records a failure with the readable diff otherwise.
     pub fn compare_rulesets(&mut self) {
-        if self.sides.len() < 2 {
+        if !self.first_two_have_tables() {
             return;
         }
         let mut problems = Vec::new();
@@ -382,7 +739,7 @@ impl Harness {
     /// also proves that each side's listing comes from its own namespace. (Upstream only
     /// deletes chains whose names hold a `/`, so it leaves this one alone meanwhile.)
     fn check_the_comparison_sees_a_difference(&mut self) {
-        if self.sides.len() < 2 {
+        if !self.first_two_have_tables() {
             return;
         }
         let (a, b) = (&self.sides[0], &self.sides[1]);
@@ -409,12 +766,19 @@ impl Harness {
         );
     }
 
+    /// Whether there are two sides to compare and both keep their rules in nftables tables.
+    fn first_two_have_tables(&self) -> bool {
+        self.sides.len() >= 2 && self.sides[..2].iter().all(|s| s.rules == Rules::Nftables)
+    }
+
     /// Writes each side's text listing of `fam` for this scenario into [`artefacts`];
     /// returns the paths.
     fn save_tables(&self, fam: &str) -> String {
         let mut paths = Vec::new();
         for s in &self.sides {
-            let p = artefacts().join(format!("{}-{}-{fam}.nft", self.scenario, s.label));
+            let p = self
+                .artefacts
+                .join(format!("{}-{}-{fam}.nft", self.scenario, s.label));
             let _ = std::fs::write(&p, ruleset::dump_text(&s.node.node, fam));
             paths.push(p.display().to_string());
         }
@@ -475,10 +839,20 @@ impl Harness {
     /// Runs every probe on every side at once, checks each against its expectation and the
     /// sides against each other, and adds the results to the report.
     pub fn probe(&mut self, probes: &[P]) {
+        self.probe_on(&[], probes);
+    }
+
+    /// [`probe`](Self::probe) on the sides with these labels only (all of them for none); the
+    /// answers of each are compared with the first one's.
+    pub fn probe_on(&mut self, labels: &[&str], probes: &[P]) {
         self.probe_calls += 1;
         let first_alone = probes.iter().any(|p| !p.expect.sides_comparable());
+        let chosen = |s: &Side| labels.is_empty() || labels.contains(&s.label);
         let mut running = Vec::new();
         for (si, s) in self.sides.iter().enumerate() {
+            if !chosen(s) {
+                continue;
+            }
             let mut by_source: BTreeMap<&str, Vec<String>> = BTreeMap::new();
             for p in probes {
                 by_source.entry(p.from).or_default().push(p.target.clone());
@@ -506,6 +880,9 @@ impl Harness {
             let key = (p.from.to_string(), p.target.clone());
             let mut per_side = Vec::new();
             for (si, s) in self.sides.iter().enumerate() {
+                if !chosen(s) {
+                    continue;
+                }
                 let answers = results[si].get(&key).cloned().unwrap_or_default();
                 self.report.push(Row {
                     scenario: self.scenario.clone(),
@@ -522,18 +899,20 @@ impl Harness {
                     self.fail(format!("side {label}: {} -> {}: {e}", p.from, p.target));
                 }
             }
-            if p.expect.sides_comparable() && per_side.len() == 2 {
-                let (a, b) = (&per_side[0], &per_side[1]);
-                if probe::distinct(&a.1) != probe::distinct(&b.1) {
-                    self.fail(format!(
-                        "{} -> {}: the sides differ: {} saw {}; {} saw {}",
-                        p.from,
-                        p.target,
-                        a.0,
-                        probe::summary(&a.1),
-                        b.0,
-                        probe::summary(&b.1)
-                    ));
+            if p.expect.sides_comparable() {
+                let Some(a) = per_side.first() else { continue };
+                for b in &per_side[1..] {
+                    if probe::distinct(&a.1) != probe::distinct(&b.1) {
+                        self.fail(format!(
+                            "{} -> {}: the sides differ: {} saw {}; {} saw {}",
+                            p.from,
+                            p.target,
+                            a.0,
+                            probe::summary(&a.1),
+                            b.0,
+                            probe::summary(&b.1)
+                        ));
+                    }
                 }
             }
         }
@@ -571,9 +950,75 @@ impl Harness {
 }
 
 /// Where a run leaves what a person needs to read a failure (the cargo target's tmp dir, which
-/// outlives the run's own directory). Emptied when a run starts.
+/// outlives the run's own directory): `kube-proxy-side-by-side/` for that test binary, one
+/// directory per test binary (named after it) so that one binary's run does not empty
+/// another's. Emptied when a run starts.
 pub fn artefacts() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kube-proxy-side-by-side")
+    let exe = std::env::current_exe().unwrap_or_default();
+    let stem = exe
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Cargo names a test binary `<target>-<hash>`.
+    let target = stem.rsplit_once('-').map_or(stem.as_str(), |(t, _)| t);
+    let name = if target.is_empty() {
+        "kube-proxy-side-by-side".to_string()
+    } else {
+        target.replace('_', "-")
+    };
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name)
+}
+
+/// "a, b, c": the sides' labels.
+fn labels(setups: &[SideSetup]) -> String {
+    setups
+        .iter()
+        .map(|s| s.label)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether the node's iptables rules (`iptables-save -t nat`, both families) show the barrier
+/// Service at port `want` and its endpoint at the same port, and only there; with what was
+/// seen. (Upstream's iptables mode writes the Service's rule with `-d <ClusterIP>/32 ...
+/// --dport <port>` and the endpoint's with `--to-destination <ip>:<port>`.)
+fn iptables_barrier(ns: &str, want: u64) -> Result<(bool, String), String> {
+    let mut ok = true;
+    let mut seen = Vec::new();
+    for (save, vip, ep) in [
+        (
+            "iptables-save",
+            format!("-d {BARRIER_V4}/32 "),
+            format!("--to-destination {BARRIER_EP_V4}:"),
+        ),
+        (
+            "ip6tables-save",
+            format!("-d {BARRIER_V6}/128 "),
+            format!("--to-destination [{BARRIER_EP_V6}]:"),
+        ),
+    ] {
+        let text = super::procs::ns_run(ns, &[save, "-t", "nat"])?;
+        let mut ports: Vec<u64> = text
+            .lines()
+            .filter(|l| l.contains(&vip))
+            .filter_map(|l| l.split(" --dport ").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+            .collect();
+        let mut dnat: Vec<u64> = text
+            .lines()
+            .filter_map(|l| l.split(&ep).nth(1))
+            .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+            .collect();
+        for list in [&mut ports, &mut dnat] {
+            list.sort_unstable();
+            list.dedup();
+        }
+        ok &= ports == [want] && dnat == [want];
+        seen.push(format!(
+            "{save}: service port {ports:?}, endpoint port {dnat:?}"
+        ));
+    }
+    Ok((ok, seen.join("; ")))
 }
 
 /// A probe: from a source namespace ("client", "node", "pod1", "pod2") to a target.

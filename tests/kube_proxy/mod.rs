@@ -15,6 +15,7 @@
 pub mod api;
 pub mod harness;
 pub mod node;
+pub mod nsock;
 pub mod probe;
 pub mod procs;
 pub mod proxy;

@@ -4,19 +4,30 @@
 serve NAME PORT...   TCP and UDP echo on every PORT, IPv4 and IPv6. Each answer is one line,
                      "NAME PEER_IP PORT" (the pod's name, the source address it saw and the port
                      that answered), so a test knows which pod answered, on which port, and
-                     whether the source was masqueraded. Prints "ready" once listening.
+                     whether the source was masqueraded. Also a line echo on TCP port
+                     LINE_PORT (8090): the connection stays open and each line received is
+                     answered with "NAME PEER_IP LINE", for tests that hold one connection
+                     across changes. Prints "ready" once listening.
 probe COUNT TIMEOUT FIRST_ALONE TARGET...   TARGET is proto:addr:port (IPv6 addresses in
                      brackets). Prints one JSON line per target: {"target": T, "answers": [...]},
                      each answer the server's line, "REFUSED" or "TIMEOUT". All attempts run at
                      once, so a target that times out costs one timeout, not COUNT; with
                      FIRST_ALONE=1 the first attempt to a target runs alone before the others (so
                      that a ClientIP affinity entry exists before they start).
+seq COUNT TIMEOUT TARGET [SOURCE]   COUNT attempts one after another (each a new connection,
+                     the next one starting when the last one ended), from SOURCE when given (an
+                     address of this namespace to bind to). Prints one JSON line like probe's,
+                     with the answers in the order they came: for schedulers that pick by turn
+                     or by the client's address, where the order and the source matter.
 """
 import json
 import selectors
 import socket
 import sys
 import threading
+
+# The port of the line echo: connections stay open and every line is answered.
+LINE_PORT = 8090
 
 
 def serve(name, ports):
@@ -33,13 +44,38 @@ def serve(name, ports):
                     s.listen(128)
                 s.setblocking(False)
                 sel.register(s, selectors.EVENT_READ, (typ, port))
+    for fam, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        s = socket.socket(fam, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if fam == socket.AF_INET6:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        s.bind((addr, LINE_PORT))
+        s.listen(128)
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ, ("line-listen", LINE_PORT))
     print("ready", flush=True)
     while True:
         for key, _ in sel.select():
             s = key.fileobj
             typ, port = key.data
             try:
-                if typ == socket.SOCK_STREAM:
+                if typ == "line-listen":
+                    c, peer = s.accept()
+                    c.setblocking(False)
+                    sel.register(c, selectors.EVENT_READ, ("line", (peer[0], b"")))
+                elif typ == "line":
+                    peer, held = port
+                    data = s.recv(4096)
+                    if not data:
+                        sel.unregister(s)
+                        s.close()
+                        continue
+                    held += data
+                    while b"\n" in held:
+                        line, held = held.split(b"\n", 1)
+                        s.sendall(f"{name} {peer} {line.decode(errors='replace')}\n".encode())
+                    sel.modify(s, selectors.EVENT_READ, ("line", (peer, held)))
+                elif typ == socket.SOCK_STREAM:
                     c, peer = s.accept()
                     c.setblocking(True)
                     c.settimeout(2)
@@ -49,7 +85,9 @@ def serve(name, ports):
                     _, peer = s.recvfrom(2048)
                     s.sendto(f"{name} {peer[0]} {port}\n".encode(), peer)
             except OSError:
-                pass
+                if typ == "line":
+                    sel.unregister(s)
+                    s.close()
 
 
 def parse_target(t):
@@ -61,12 +99,14 @@ def parse_target(t):
     return proto, fam, addr, int(port)
 
 
-def attempt(target, timeout):
+def attempt(target, timeout, source=None):
     proto, fam, addr, port = parse_target(target)
     typ = socket.SOCK_STREAM if proto == "tcp" else socket.SOCK_DGRAM
     s = socket.socket(fam, typ)
     s.settimeout(timeout)
     try:
+        if source:
+            s.bind((source, 0))
         s.connect((addr, port))
         if typ == socket.SOCK_DGRAM:
             s.send(b"hello\n")
@@ -119,10 +159,17 @@ def probe(count, timeout, first_alone, targets):
         print(json.dumps({"target": t, "answers": results[t]}))
 
 
+def seq(count, timeout, target, source):
+    answers = [attempt(target, timeout, source) for _ in range(count)]
+    print(json.dumps({"target": target, "answers": answers}))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "serve":
         serve(sys.argv[2], [int(p) for p in sys.argv[3:]])
     elif sys.argv[1] == "probe":
         probe(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1", sys.argv[5:])
+    elif sys.argv[1] == "seq":
+        seq(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)
     else:
         sys.exit(f"unknown mode {sys.argv[1]}")

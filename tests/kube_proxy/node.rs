@@ -248,6 +248,23 @@ impl NodeNs {
         n
     }
 
+    /// Another address for the client, on its eth0 in the node's /24 (a second client to the
+    /// node, for what depends on the client's address).
+    pub fn add_client_address(&self, ip: &str) {
+        must(
+            "ip",
+            &[
+                "-n",
+                &self.client,
+                "addr",
+                "add",
+                &format!("{ip}/24"),
+                "dev",
+                "eth0",
+            ],
+        );
+    }
+
     /// Forgets every connection the node tracks, so that a scenario starts without the last
     /// one's NAT bindings.
     pub fn flush_conntrack(&self) {

@@ -84,6 +84,52 @@ impl Running {
     }
 }
 
+/// `count` new connections to `target` one after another from namespace `ns` (from address
+/// `source` when given), as tokens in the order they were answered: what a scheduler that
+/// picks by turn or by the client's address must be judged on (the parallel [`start`] sorts).
+pub fn sequence(
+    side: &str,
+    ns: &str,
+    agent: &Path,
+    target: &str,
+    count: usize,
+    source: Option<&str>,
+) -> Vec<String> {
+    let count = count.to_string();
+    let timeout = TIMEOUT_SECS.to_string();
+    let mut args = vec![
+        "netns",
+        "exec",
+        ns,
+        python(),
+        agent.to_str().expect("utf-8 path"),
+        "seq",
+        &count,
+        &timeout,
+        target,
+    ];
+    args.extend(source);
+    let out = Command::new("ip")
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("start the sequence probe");
+    assert!(
+        out.status.success(),
+        "sequence probe in {ns} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().next().expect("one JSON line");
+    let v: Value = serde_json::from_str(line).expect("probe JSON line");
+    v["answers"]
+        .as_array()
+        .expect("answers")
+        .iter()
+        .map(|a| token(a.as_str().expect("answer"), side))
+        .collect()
+}
+
 /// The name of an address the topology gives, else the address itself.
 pub fn who(addr: &str) -> String {
     let addr = addr.strip_prefix("::ffff:").unwrap_or(addr);

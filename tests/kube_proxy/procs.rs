@@ -53,6 +53,9 @@ pub struct Proc {
     pub log: PathBuf,
     child: Child,
     grace: Duration,
+    /// Stopped and reaped by [`Proc::stop`] or [`Proc::kill`]: its PID may be reused by
+    /// now, so Drop must not signal it again.
+    reaped: bool,
 }
 
 impl Proc {
@@ -90,6 +93,7 @@ impl Proc {
             log: log.to_path_buf(),
             child,
             grace: Duration::from_secs(5),
+            reaped: false,
         }
     }
 
@@ -133,6 +137,61 @@ impl Proc {
         tail(&std::fs::read_to_string(&self.log).unwrap_or_default(), n)
     }
 
+    /// Sends `sig` ("-HUP", "-TERM") to the process itself (not its group).
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status();
+        assert!(
+            status.is_ok_and(|s| s.success()),
+            "kill {sig} {} ({})",
+            self.child.id(),
+            self.name
+        );
+    }
+
+    /// Stops it as Drop does (SIGTERM, SIGKILL after the grace period) and returns how it
+    /// exited; the guard is spent.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        self.finish("-TERM")
+    }
+
+    /// SIGKILL at once (a crash, an OOM kill); the guard is spent.
+    pub fn kill(&mut self) -> Option<std::process::ExitStatus> {
+        self.finish("-KILL")
+    }
+
+    /// Waits up to `timeout` for it to exit by itself (after a signal the test sent).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.exited() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn finish(&mut self, sig: &str) -> Option<std::process::ExitStatus> {
+        if self.reaped {
+            return self.exited();
+        }
+        if self.exited().is_none() {
+            self.signal_group(sig);
+            let deadline = Instant::now() + self.grace;
+            while self.exited().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.signal_group("-KILL");
+        let status = self.child.wait().ok();
+        self.reaped = true;
+        status
+    }
+
     fn signal_group(&self, sig: &str) {
         // The group id is the recorded PID (process_group(0) above).
         let _ = Command::new("kill")
@@ -144,6 +203,9 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        if self.reaped {
+            return;
+        }
         if self.exited().is_none() {
             self.signal_group("-TERM");
             let deadline = Instant::now() + self.grace;

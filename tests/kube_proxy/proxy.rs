@@ -55,24 +55,119 @@ pub fn args(kubeconfig: &Path) -> Vec<String> {
     ]
 }
 
-pub fn start(which: Impl, upstream_dir: &Path, ns: &str, kubeconfig: &Path, log: &Path) -> Proc {
-    let name = format!("kube-proxy ({}, {ns})", which.label());
-    start_bin(&name, &which.binary(upstream_dir), ns, kubeconfig, &[], log)
+/// A side's command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Args {
+    /// [`args`], changed: each `--name=value` of `set` replaces the flag of that name or is
+    /// added; each `--name` of `unset` is left out.
+    Defaults {
+        set: Vec<String>,
+        unset: Vec<String>,
+    },
+    /// Exactly this command line (one an operator runs), after `{kubeconfig}` (the node's
+    /// kubeconfig) and `{dir}` (the side's own directory in the run's) are replaced in each
+    /// argument.
+    Exact(Vec<String>),
 }
 
-/// Starts the program `bin` with [`args`] and then `extra` (later flags win), in `ns`: the
-/// benchmarks' way, with the binaries they were given.
+impl Default for Args {
+    fn default() -> Args {
+        Args::Defaults {
+            set: Vec::new(),
+            unset: Vec::new(),
+        }
+    }
+}
+
+/// `{kubeconfig}` and `{dir}` replaced in `text`.
+pub fn fill(text: &str, kubeconfig: &Path, dir: &Path) -> String {
+    text.replace("{kubeconfig}", &kubeconfig.display().to_string())
+        .replace("{dir}", &dir.display().to_string())
+}
+
+/// The arguments (without the program) that `spec` stands for.
+pub fn argv(spec: &Args, kubeconfig: &Path, dir: &Path) -> Vec<String> {
+    let name = |flag: &str| flag.split_once('=').map_or(flag, |(n, _)| n).to_string();
+    match spec {
+        Args::Exact(list) => list.iter().map(|a| fill(a, kubeconfig, dir)).collect(),
+        Args::Defaults { set, unset } => {
+            let mut out: Vec<String> = args(kubeconfig)
+                .into_iter()
+                .filter(|a| !unset.contains(&name(a)))
+                .collect();
+            for flag in set {
+                let flag = fill(flag, kubeconfig, dir);
+                match out.iter_mut().find(|a| name(a) == name(&flag)) {
+                    Some(held) => *held = flag,
+                    None => out.push(flag),
+                }
+            }
+            out
+        }
+    }
+}
+
+pub fn start(which: Impl, upstream_dir: &Path, ns: &str, kubeconfig: &Path, log: &Path) -> Proc {
+    start_with(which, upstream_dir, ns, &args(kubeconfig), &[], log)
+}
+
+/// Starts `which` in namespace `ns` with these arguments.
+pub fn start_argv(which: Impl, upstream_dir: &Path, ns: &str, args: &[String], log: &Path) -> Proc {
+    start_with(which, upstream_dir, ns, args, &[], log)
+}
+
+/// The program with the given flags (instead of [`args`]) and extra environment.
+pub fn start_with(
+    which: Impl,
+    upstream_dir: &Path,
+    ns: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Proc {
+    let name = format!("kube-proxy ({}, {ns})", which.label());
+    start_bin(&name, &which.binary(upstream_dir), ns, args, env, log)
+}
+
+/// [`start_with`] for the program at `bin` (the benchmarks: the binaries they were given).
 pub fn start_bin(
     name: &str,
     bin: &Path,
     ns: &str,
-    kubeconfig: &Path,
-    extra: &[String],
+    args: &[String],
+    env: &[(&str, &str)],
     log: &Path,
 ) -> Proc {
     let bin = bin.to_str().expect("utf-8 path");
-    let args = args(kubeconfig);
     let mut argv = vec![bin];
-    argv.extend(args.iter().chain(extra).map(String::as_str));
-    Proc::start(name, Some(ns), &argv, &[], log)
+    argv.extend(args.iter().map(String::as_str));
+    Proc::start(name, Some(ns), &argv, env, log)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_side_changes_the_default_flags_by_name() {
+        let (kc, dir) = (Path::new("/k"), Path::new("/d"));
+        let spec = Args::Defaults {
+            set: vec![
+                "--proxy-mode=iptables".into(),
+                "--v=4".into(),
+                "--x={dir}/c".into(),
+            ],
+            unset: vec!["--nodeport-addresses".into()],
+        };
+        let got = argv(&spec, kc, dir);
+        assert!(got.contains(&"--proxy-mode=iptables".to_string()));
+        assert!(!got
+            .iter()
+            .any(|a| a == "--proxy-mode=nftables" || a == "--v=2"));
+        assert!(!got.iter().any(|a| a.starts_with("--nodeport-addresses")));
+        assert_eq!(got.last().map(String::as_str), Some("--x=/d/c"));
+        assert_eq!(argv(&Args::default(), kc, dir), args(kc));
+        let exact = Args::Exact(vec!["--kubeconfig={kubeconfig}".into()]);
+        assert_eq!(argv(&exact, kc, dir), ["--kubeconfig=/k"]);
+    }
 }

@@ -19,8 +19,11 @@ pub fn read_fixture(name: &str) -> String {
     std::fs::read_to_string(fixture(name)).unwrap()
 }
 
+/// Runs kube-proxy with these arguments in a network namespace of its own: a command line that
+/// unexpectedly starts the proxy programs that namespace, never the machine's.
 pub fn run(args: &[&str], env: &[(&str, &str)]) -> Run {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kube-proxy"));
+    let mut command = Command::new("unshare");
+    command.args(["--net", "--", env!("CARGO_BIN_EXE_kube-proxy")]);
     command.args(args);
     for (name, _) in std::env::vars() {
         if name.starts_with("KUBE_PROXY_") {

@@ -45,11 +45,11 @@ fn upstreams_validation_messages() {
         );
     }
     // The scheduler is only checked in ipvs mode, and upstream's four are accepted.
-    assert_eq!(run(&["--ipvs-scheduler=lc"], &[]).code, 0);
+    assert_eq!(run(&["--ipvs-scheduler=lc", "--check-config"], &[]).code, 0);
     for scheduler in ["rr", "wrr", "sh", "mh", ""] {
         let flag = format!("--ipvs-scheduler={scheduler}");
         assert_eq!(
-            run(&["--proxy-mode=ipvs", &flag], &[]).code,
+            run(&["--proxy-mode=ipvs", &flag, "--check-config"], &[]).code,
             0,
             "{scheduler}"
         );

@@ -142,7 +142,15 @@ fn measure(
     // The probe Service answers from pod1 (its endpoint in the cached state).
     let probe = SocketAddr::new(IpAddr::V4(PROBE_VIP), PROBE_PORT);
     let deadline = Instant::now() + Duration::from_secs(30);
-    if wait_answer(&client, probe, pod(0).0, Duration::from_millis(100), deadline)?.is_none() {
+    if wait_answer(
+        &client,
+        probe,
+        pod(0).0,
+        Duration::from_millis(100),
+        deadline,
+    )?
+    .is_none()
+    {
         bail!("the probe Service does not answer from pod1 after the first sync");
     }
 
@@ -152,7 +160,16 @@ fn measure(
     set(rec, "list_s", secs);
     ruleset_facts(rec, &listing)?;
 
-    series(rec, "0", opts, &s, &cluster, &client, &mut probe_at, &mut rng)?;
+    series(
+        rec,
+        "0",
+        opts,
+        &s,
+        &cluster,
+        &client,
+        &mut probe_at,
+        &mut rng,
+    )?;
     new_services(rec, "0", opts, &cluster, &client, &mut new_count, &mut rng)?;
     if opts.dataplane_size == Some(size) {
         dataplane(rec, opts, &client)?;
@@ -172,7 +189,16 @@ fn measure(
     first_sync(rec, "restart", &fs);
     if fs.secs.is_some() {
         s.wait_quiet(Duration::from_secs(2), Duration::from_secs(60))?;
-        series(rec, "1", opts, &s, &cluster, &client, &mut probe_at, &mut rng)?;
+        series(
+            rec,
+            "1",
+            opts,
+            &s,
+            &cluster,
+            &client,
+            &mut probe_at,
+            &mut rng,
+        )?;
         new_services(rec, "1", opts, &cluster, &client, &mut new_count, &mut rng)?;
     } else {
         rec.notes
@@ -285,7 +311,11 @@ fn series(
         }
     }
     set(rec, &format!("change{tag}_n"), n as f64);
-    set(rec, &format!("change{tag}_cpu_ms"), cpu.own * 1000.0 / n as f64);
+    set(
+        rec,
+        &format!("change{tag}_cpu_ms"),
+        cpu.own * 1000.0 / n as f64,
+    );
     set(
         rec,
         &format!("change{tag}_nft_cpu_ms"),
@@ -322,9 +352,12 @@ fn new_services(
         );
         std::thread::sleep(Duration::from_millis(1500) + gap(opts, rng));
         let t0 = Instant::now();
-        api.create_service(
-            &Svc::cluster_ip(&name, &vip.to_string()).port("http", Proto::Tcp, 80, ECHO_PORT),
-        );
+        api.create_service(&Svc::cluster_ip(&name, &vip.to_string()).port(
+            "http",
+            Proto::Tcp,
+            80,
+            ECHO_PORT,
+        ));
         // A ClusterIP with no rules yet is dropped: each attempt waits 20 ms for an answer.
         let seen = wait_answer(
             client,
@@ -469,7 +502,10 @@ fn children_cpu(pid: u32) -> (f64, f64) {
         let rest = &stat[stat.rfind(')')? + 2..];
         let f: Vec<&str> = rest.split_whitespace().collect();
         let t = crate::procs::clk_tck();
-        Some((f.get(13)?.parse::<f64>().ok()? / t, f.get(14)?.parse::<f64>().ok()? / t))
+        Some((
+            f.get(13)?.parse::<f64>().ok()? / t,
+            f.get(14)?.parse::<f64>().ok()? / t,
+        ))
     };
     parse().unwrap_or((f64::NAN, f64::NAN))
 }

@@ -23,7 +23,9 @@ mod netns;
 mod opts;
 mod report;
 mod session;
+mod splice;
 mod state;
+mod targets;
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -38,7 +40,7 @@ use measure::{run_one, Which};
 use opts::Opts;
 
 pub use netns::sink_main;
-pub use report::{split_section, JSON_KEY};
+pub use splice::{split_section, JSON_KEY};
 
 /// Runs a command to completion; an error with its stderr when it fails.
 pub fn run_cmd(program: &str, args: &[&OsStr]) -> Result<()> {
@@ -235,7 +237,11 @@ fn run(opts: &Opts, tmp: &Path) -> Result<i32> {
         for st in &states {
             for which in &order {
                 n += 1;
-                let dir = tmp.join(format!("run-{n}-{}-{}-r{round}", st.size.label(), which.key()));
+                let dir = tmp.join(format!(
+                    "run-{n}-{}-{}-r{round}",
+                    st.size.label(),
+                    which.key()
+                ));
                 std::fs::create_dir_all(&dir)?;
                 eprintln!(
                     "[round {round}/{}] {} {}: starting",
@@ -249,7 +255,11 @@ fn run(opts: &Opts, tmp: &Path) -> Result<i32> {
                     opts.rounds,
                     st.size.title(),
                     which.key(),
-                    if rec.error.is_some() { "FAILED" } else { "done" },
+                    if rec.error.is_some() {
+                        "FAILED"
+                    } else {
+                        "done"
+                    },
                     rec.secs,
                     rec.error
                         .as_ref()
@@ -271,10 +281,10 @@ fn run(opts: &Opts, tmp: &Path) -> Result<i32> {
     let md = report::render(opts, &records, &info, &states);
     std::fs::create_dir_all(&opts.out)?;
     let results = opts.out.join("RESULTS.md");
-    report::splice_markdown(&results, &md)?;
-    report::splice_json(
+    splice::splice_markdown(&results, &md)?;
+    splice::splice_json(
         &opts.out.join("results.json"),
-        report::json(opts, &records, &info),
+        splice::json(opts, &records, &info),
     )?;
     eprintln!(
         "konn_bench kube-proxy: wrote {} and results.json ({populate_secs:.0} s populating, {total:.0} s measuring)",

@@ -1,22 +1,14 @@
-//! The kube-proxy section of RESULTS.md and its part of results.json.
+//! The kube-proxy section of RESULTS.md: the header, a table per size and how it is measured
+//! (the overview and the targets: targets.rs; where it goes: splice.rs).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::Result;
-
 use super::opts::{thousands, Opts, Size};
+use super::splice::{BEGIN, END};
 use super::state::State;
 use crate::results::{fmt_num, median, ratio_of, values_in, Record, Val};
-
-/// Marks the section in RESULTS.md, so the Konnectivity part's writer keeps it and this
-/// part's writer replaces only it.
-pub const BEGIN: &str =
-    "<!-- kube-proxy: begin (written by `benches/run --kube-proxy`; kept by the Konnectivity part) -->";
-pub const END: &str = "<!-- kube-proxy: end -->";
-/// results.json's key for this part.
-pub const JSON_KEY: &str = "kube_proxy";
 
 /// What the header names.
 pub struct Info {
@@ -56,11 +48,7 @@ const START_ROWS: &[Row] = &[
         "… of which the first sync itself (s; the proxy's full-sync histogram)",
         false,
     ),
-    row(
-        "cold_cpu_s",
-        "… CPU of the proxy up to then (s)",
-        false,
-    ),
+    row("cold_cpu_s", "… CPU of the proxy up to then (s)", false),
     row(
         "cold_nft_cpu_s",
         "… CPU of its `nft` children up to then (s)",
@@ -108,7 +96,11 @@ const CHANGE_ROWS: &[Row] = &[
     ),
     row("change1_p99_ms", "… p99 (ms), 1 s", false),
     row("change1_cpu_ms", "… proxy CPU per change (ms), 1 s", false),
-    row("change1_nft_cpu_ms", "… `nft` CPU per change (ms), 1 s", false),
+    row(
+        "change1_nft_cpu_ms",
+        "… `nft` CPU per change (ms), 1 s",
+        false,
+    ),
     row(
         "newsvc0_ms",
         "new Service → kernel (ms, median of the run's), min-sync-period 0",
@@ -118,7 +110,11 @@ const CHANGE_ROWS: &[Row] = &[
 ];
 
 const MEM_ROWS: &[Row] = &[
-    row("settled_rss_mib", "RSS, settled after the first sync (MiB)", false),
+    row(
+        "settled_rss_mib",
+        "RSS, settled after the first sync (MiB)",
+        false,
+    ),
     row(
         "cold_peak_rss_mib",
         "peak RSS up to the end of the first sync (MiB, VmHWM)",
@@ -164,20 +160,14 @@ const KERNEL_ROWS: &[Row] = &[
 
 fn vals(records: &[Record], size: &str, imp: &str, key: &str) -> Vec<Val> {
     let rounds: BTreeSet<usize> = records.iter().map(|r| r.round).collect();
-    values_in(
-        records,
-        size,
-        crate::results::side(imp, ""),
-        key,
-        &rounds,
-    )
-    .into_iter()
-    .collect()
+    values_in(records, size, crate::results::side(imp, ""), key, &rounds)
+        .into_iter()
+        .collect()
 }
 
 /// Records of failed runs keep what they measured before the failure: every value here was
 /// measured whole. (`values_in` skips failed records; this does not.)
-fn all_vals(records: &[Record], size: &str, imp: &str, key: &str) -> Vec<Val> {
+pub(super) fn all_vals(records: &[Record], size: &str, imp: &str, key: &str) -> Vec<Val> {
     let mut v = vals(records, size, imp, key);
     for r in records
         .iter()
@@ -226,17 +216,14 @@ fn cell(v: &[Val], timeout: bool) -> String {
     }
 }
 
-fn ratio_cell(o: &[Val], u: &[Val]) -> String {
+pub(super) fn ratio_cell(o: &[Val], u: &[Val]) -> String {
     let r = ratio_of(o, u);
     if !r.r.is_finite() {
         return "—".into();
     }
     // A bound on either side bounds the ratio: upstream's timeout makes ours/upstream an upper
     // bound, ours' a lower one.
-    let (oc, uc) = (
-        o.iter().any(|x| x.censored),
-        u.iter().any(|x| x.censored),
-    );
+    let (oc, uc) = (o.iter().any(|x| x.censored), u.iter().any(|x| x.censored));
     let mark = match (oc, uc) {
         (false, false) => "",
         (false, true) => "≤ ",
@@ -250,7 +237,7 @@ fn ratio_cell(o: &[Val], u: &[Val]) -> String {
     }
 }
 
-fn short(v: &[Val], timeout: bool) -> String {
+pub(super) fn short(v: &[Val], timeout: bool) -> String {
     let xs: Vec<f64> = v.iter().map(|x| x.v).filter(|x| x.is_finite()).collect();
     if xs.is_empty() {
         return "—".into();
@@ -297,74 +284,13 @@ fn table(s: &mut String, records: &[Record], size: &str, rows: &[Row]) {
     }
 }
 
-fn sizes_in(records: &[Record], opts: &Opts) -> Vec<Size> {
-    opts.sizes
-        .iter()
-        .copied()
-        .filter(|z| records.iter().any(|r| r.workload == z.label()))
-        .collect()
-}
-
-/// The compact overview: one line per size, medians, ours / upstream (ratio).
-fn summary(s: &mut String, records: &[Record], opts: &Opts) {
-    let cols: &[(&str, &str, bool)] = &[
-        ("cold_sync_s", "start → rules, empty table (s)", true),
-        ("restart_sync_s", "restart → rules (s)", true),
-        ("change0_p50_ms", "endpoint change p50 / p99, min-sync 0 (ms)", false),
-        ("change1_p50_ms", "endpoint change p50 / p99, min-sync 1 s (ms)", false),
-        ("newsvc1_ms", "new Service, 1 s (ms)", false),
-        ("settled_rss_mib", "RSS settled (MiB)", false),
-        ("cold_peak_rss_mib", "peak RSS, first sync (MiB)", false),
-    ];
-    let _ = write!(s, "\n| Services x endpoints |");
-    for (_, label, _) in cols {
-        let _ = write!(s, " {label} |");
-    }
-    let _ = write!(s, "\n|---|");
-    for _ in cols {
-        let _ = write!(s, "---|");
-    }
-    s.push('\n');
-    for z in sizes_in(records, opts) {
-        let w = z.label();
-        let _ = write!(s, "| {} |", z.title());
-        for (key, _, timeout) in cols {
-            let one = |imp: &str| {
-                let v = all_vals(records, &w, imp, key);
-                if key.ends_with("_p50_ms") {
-                    let p99 = key.replace("_p50_", "_p99_");
-                    format!(
-                        "{} / {}",
-                        short(&v, *timeout),
-                        short(&all_vals(records, &w, imp, &p99), *timeout)
-                    )
-                } else {
-                    short(&v, *timeout)
-                }
-            };
-            let o = all_vals(records, &w, "ours", key);
-            let u = all_vals(records, &w, "upstream", key);
-            if o.is_empty() && u.is_empty() {
-                let _ = write!(s, " — |");
-                continue;
-            }
-            let r = ratio_cell(&o, &u);
-            let r = r.split(' ').next().unwrap_or("").to_string();
-            let r = if r == "—" || r.is_empty() {
-                String::new()
-            } else {
-                format!(" ({r})")
-            };
-            let _ = write!(s, " {} vs {}{r} |", one("ours"), one("upstream"));
-        }
-        s.push('\n');
-    }
-}
-
 pub fn render(opts: &Opts, records: &[Record], info: &Info, states: &[State]) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{BEGIN}");
-    let _ = writeln!(s, "# kube-proxy vs upstream kube-proxy v1.37.2: benchmarks\n");
+    let _ = writeln!(
+        s,
+        "# kube-proxy vs upstream kube-proxy v1.37.2: benchmarks\n"
+    );
     let failed: Vec<&Record> = records.iter().filter(|r| r.error.is_some()).collect();
     if !failed.is_empty() {
         let _ = writeln!(
@@ -385,6 +311,36 @@ pub fn render(opts: &Opts, records: &[Record], info: &Info, states: &[State]) ->
         },
         opts.rounds,
         info.total_secs
+    );
+    // What this run covered, and what of the full set it left out (a run cut to fit the time
+    // says so here rather than by silence).
+    let full = ["0x0", "1000x10", "10000x10", "44000x2", "5000x50"];
+    let run: Vec<String> = opts.sizes.iter().map(Size::title).collect();
+    let left: Vec<&str> = full
+        .iter()
+        .copied()
+        .filter(|f| !opts.sizes.iter().any(|z| z.label() == *f))
+        .collect();
+    let _ = writeln!(
+        s,
+        "What was run: sizes (Services x endpoints) {}; {} round(s); n = {} endpoint changes per series (a series stops at {:.0} s), {} new Services per series; first syncs bounded at {:.0} s; data plane at {}.{}\n",
+        run.join(", "),
+        opts.rounds,
+        opts.changes,
+        opts.series_budget_secs,
+        opts.new_services,
+        opts.first_sync_timeout_secs,
+        opts.dataplane_size
+            .map(|d| d.title())
+            .unwrap_or_else(|| "none".into()),
+        if left.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " **Not run** in this run: {} (no numbers below for them).",
+                left.join(", ")
+            )
+        }
     );
     let _ = writeln!(s, "Reproduce (as root; the populated clusters are cached in `~/.cache/kube-traffic-bench/`, so only the first run of a size creates its objects):\n");
     let _ = writeln!(s, "```sh");
@@ -464,9 +420,10 @@ pub fn render(opts: &Opts, records: &[Record], info: &Info, states: &[State]) ->
         s,
         "\n## Summary (medians: ours vs upstream (ours/upstream); `>`: a timeout, a lower bound)"
     );
-    summary(&mut s, records, opts);
+    super::targets::summary(&mut s, records, opts);
+    super::targets::targets(&mut s, records, opts);
 
-    for z in sizes_in(records, opts) {
+    for z in super::targets::sizes_in(records, opts) {
         let w = z.label();
         let eps = z.services * z.endpoints;
         if z.idle() {
@@ -605,63 +562,4 @@ fn how(s: &mut String, opts: &Opts) {
         let _ = writeln!(s, "- Data plane (at {}): 4 threads in the client namespace each open a TCP connection to the `dp` ClusterIP (pod1's and pod2's sinks, a small Rust server that writes one byte and closes), read to the end and close with a reset (so no TIME_WAIT and no port exhaustion), for {:.0} s, {} time(s) per run, alternating with the same load straight to pod1's address; the median per run. All of it, the client, the sinks and the kernel's forwarding, shares the same cores.", d.title(), opts.dataplane_secs, opts.dataplane_reps);
     }
     let _ = writeln!(s, "- Load: the machine is shared; the 1-min load average and the CPU busy share of every run are in the header. Numbers from a busy machine are upper bounds for both proxies alike.");
-}
-
-pub fn json(opts: &Opts, records: &[Record], info: &Info) -> serde_json::Value {
-    serde_json::json!({
-        "quick": opts.quick,
-        "rounds": opts.rounds,
-        "sizes": opts.sizes.iter().map(Size::label).collect::<Vec<_>>(),
-        "changes": opts.changes,
-        "total_secs": info.total_secs,
-        "date": info.date,
-        "machine": info.machine,
-        "nft": info.nft,
-        "ours": info.ours,
-        "git": info.git,
-        "upstream": info.upstream,
-        "records": crate::output::json_escape_records(records),
-    })
-}
-
-/// RESULTS.md with this section in place of the old one (or appended).
-pub fn splice_markdown(path: &Path, section: &str) -> Result<()> {
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    let (rest, _) = split_section(&old);
-    let mut out = rest.trim_end().to_string();
-    if !out.is_empty() {
-        out.push_str("\n\n");
-    }
-    out.push_str(section.trim_end());
-    out.push('\n');
-    std::fs::write(path, out)?;
-    Ok(())
-}
-
-/// The text without this part's section, and the section (markers included).
-pub fn split_section(text: &str) -> (String, Option<String>) {
-    let Some(b) = text.find(BEGIN) else {
-        return (text.to_string(), None);
-    };
-    let e = text[b..]
-        .find(END)
-        .map(|i| b + i + END.len())
-        .unwrap_or(text.len());
-    let mut rest = text[..b].to_string();
-    rest.push_str(&text[e..]);
-    (rest, Some(text[b..e].to_string()))
-}
-
-/// results.json with this part under its key, the rest kept.
-pub fn splice_json(path: &Path, v: serde_json::Value) -> Result<()> {
-    let mut doc: serde_json::Value = std::fs::read_to_string(path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_else(|| serde_json::json!({}));
-    if !doc.is_object() {
-        doc = serde_json::json!({});
-    }
-    doc[JSON_KEY] = v;
-    std::fs::write(path, serde_json::to_string_pretty(&doc)?)?;
-    Ok(())
 }

@@ -11,9 +11,9 @@ use anyhow::{bail, Context, Result};
 
 use super::harness::api::{self, Apiserver, Kube};
 use super::harness::node::NodeNs;
+use super::harness::nsock;
 use super::harness::procs::Proc;
 use super::harness::proxy;
-use super::netns::http_get;
 use super::opts::Opts;
 use super::state::{State, BULK_NS, DP_PORT};
 use crate::procs::{clk_tck, cpu_secs, status_kib};
@@ -158,13 +158,11 @@ pub struct SyncMetrics {
     pub last: f64,
 }
 
+/// The IPv4 family's sample of `name` (the sync metrics carry an `ip_family` label in both
+/// proxies' versions that have one; a sample without labels is taken as it is).
 fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter(|l| l[name.len()..].starts_with('{') || l[name.len()..].starts_with(' '))
-        .find(|l| !l.contains("ip_family=") || l.contains("ip_family=\"IPv4\""))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+    nsock::metric(text, &format!("{name}{{ip_family=\"IPv4\"}}"))
+        .or_else(|| nsock::metric(text, name))
 }
 
 /// The first full sync of a run of the proxy.
@@ -201,17 +199,25 @@ impl Session {
         bin: &Path,
         node: &Node,
         cluster: &Cluster,
-        extra: &[String],
+        set: &[String],
         log: &Path,
     ) -> Session {
+        // The tests' flags, with `set` replacing the flags of the same names: both proxies get
+        // the same command line.
+        let spec = proxy::Args::Defaults {
+            set: set.to_vec(),
+            unset: Vec::new(),
+        };
+        let dir = log.parent().unwrap_or(Path::new("."));
+        let args = proxy::argv(&spec, &cluster.kubeconfig, dir);
         let started = SystemTime::now();
         let started_i = Instant::now();
         let proc = proxy::start_bin(
             &format!("kube-proxy ({label})"),
             bin,
             &node.ns.node,
-            &cluster.kubeconfig,
-            extra,
+            &args,
+            &[],
             log,
         );
         let pid = proc.pid();
@@ -226,7 +232,11 @@ impl Session {
 
     pub fn metrics(&self) -> Result<SyncMetrics> {
         let addr: SocketAddr = METRICS.parse()?;
-        let text = http_get(&self.ns, addr, "/metrics")?;
+        let (code, text) =
+            nsock::http_get(&self.ns, addr, "/metrics").map_err(anyhow::Error::msg)?;
+        if code != 200 {
+            bail!("GET /metrics: HTTP {code}");
+        }
         let get = |n: &str| metric(&text, n);
         Ok(SyncMetrics {
             syncs: get("kubeproxy_sync_proxy_rules_duration_seconds_count").unwrap_or(0.0),
@@ -356,7 +366,10 @@ fn sample_children(pid: u32, seen: &mut BTreeMap<u32, f64>) {
         let Ok(list) = std::fs::read_to_string(t.path().join("children")) else {
             continue;
         };
-        for c in list.split_whitespace().filter_map(|c| c.parse::<u32>().ok()) {
+        for c in list
+            .split_whitespace()
+            .filter_map(|c| c.parse::<u32>().ok())
+        {
             let comm = std::fs::read_to_string(format!("/proc/{c}/comm")).unwrap_or_default();
             if comm.trim() != "nft" {
                 continue;
@@ -375,7 +388,16 @@ pub fn list_table(ns: &str, file: &Path) -> Result<f64> {
     let out = std::fs::File::create(file).with_context(|| file.display().to_string())?;
     let t0 = Instant::now();
     let st = std::process::Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "list", "table", "ip", "kube-proxy"])
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "nft",
+            "list",
+            "table",
+            "ip",
+            "kube-proxy",
+        ])
         .stdin(std::process::Stdio::null())
         .stdout(out)
         .status()?;

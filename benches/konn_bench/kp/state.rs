@@ -19,14 +19,9 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{anyhow, bail, Context, Result};
-use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, PostParams};
+use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
 use super::harness::api::{Apiserver, Ep, Kube, Proto, Slice, Svc};
@@ -78,7 +73,10 @@ fn endpoint(size: Size, i: usize, j: usize) -> (String, String) {
         let host = 10 + (g / NODES) % 240;
         (format!("10.244.1.{host}"), NODE_NAME.to_string())
     } else {
-        (format!("10.244.{}.{host}", node + 1), format!("node-{node:02}"))
+        (
+            format!("10.244.{}.{host}", node + 1),
+            format!("node-{node:02}"),
+        )
     }
 }
 
@@ -189,14 +187,12 @@ fn populate(opts: &Opts, size: Size, entry: &Path, tmp: &Path) -> Result<()> {
         if !size.idle() {
             kube.ensure_namespace(PROBE_NS);
             let probe = kube.in_namespace(PROBE_NS);
-            probe.create_service(
-                &Svc::cluster_ip(PROBE_SVC, &PROBE_VIP.to_string()).port(
-                    "http",
-                    Proto::Tcp,
-                    PROBE_PORT,
-                    ECHO_PORT,
-                ),
-            );
+            probe.create_service(&Svc::cluster_ip(PROBE_SVC, &PROBE_VIP.to_string()).port(
+                "http",
+                Proto::Tcp,
+                PROBE_PORT,
+                ECHO_PORT,
+            ));
             probe.create_slice(
                 &Slice::v4(PROBE_SLICE, PROBE_SVC)
                     .port("http", Proto::Tcp, ECHO_PORT)
@@ -215,7 +211,7 @@ fn populate(opts: &Opts, size: Size, entry: &Path, tmp: &Path) -> Result<()> {
                     .ep(Ep::ready(pod(1).1)),
             );
         }
-        created = create_bulk(&kube, size, opts.create_concurrency)?;
+        created = create_bulk(&kube, size, opts.create_concurrency);
         // Drop stops the apiserver and etcd (stop.sh: SIGTERM), which leaves the data whole.
     }
     let secs = t0.elapsed().as_secs_f64();
@@ -223,7 +219,9 @@ fn populate(opts: &Opts, size: Size, entry: &Path, tmp: &Path) -> Result<()> {
     if !data.is_dir() {
         bail!("no etcd data in {}", data.display());
     }
-    let parent = entry.parent().ok_or_else(|| anyhow!("cache entry has no parent"))?;
+    let parent = entry
+        .parent()
+        .ok_or_else(|| anyhow!("cache entry has no parent"))?;
     std::fs::create_dir_all(parent)?;
     let staging = parent.join(format!(
         ".staging-{}-{}",
@@ -232,7 +230,10 @@ fn populate(opts: &Opts, size: Size, entry: &Path, tmp: &Path) -> Result<()> {
     ));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging)?;
-    crate::kp::run_cmd("mv", &[data.as_os_str(), staging.join("etcd-data").as_os_str()])?;
+    crate::kp::run_cmd(
+        "mv",
+        &[data.as_os_str(), staging.join("etcd-data").as_os_str()],
+    )?;
     std::fs::write(
         staging.join("INFO"),
         format!(
@@ -255,90 +256,22 @@ fn populate(opts: &Opts, size: Size, entry: &Path, tmp: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Creates every bulk Service and its slices, `concurrency` requests at a time; an object that
-/// exists already (a retried request that had gone through) counts as created. Returns the
-/// number of objects.
-fn create_bulk(kube: &Kube, size: Size, concurrency: usize) -> Result<usize> {
+/// Creates every bulk Service and its slices, `concurrency` requests at a time (the harness's
+/// [`create_many`](super::harness::api::KubeNs::create_many): an object that exists already
+/// is left as it is). Returns the number of objects.
+fn create_bulk(kube: &Kube, size: Size, concurrency: usize) -> usize {
     if size.idle() {
-        return Ok(0);
+        return 0;
     }
-    let client = kube.client();
-    let next = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicUsize::new(0));
-    let total = size.services;
-    let t0 = Instant::now();
-    kube.block_on(async {
-        let mut workers = tokio::task::JoinSet::new();
-        for _ in 0..concurrency.max(1) {
-            let (client, next, done) = (client.clone(), next.clone(), done.clone());
-            workers.spawn(async move {
-                let svcs: Api<Service> = Api::namespaced(client.clone(), BULK_NS);
-                let slices: Api<EndpointSlice> = Api::namespaced(client, BULK_NS);
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= total {
-                        return Ok::<(), anyhow::Error>(());
-                    }
-                    let svc: Service = serde_json::from_value(bulk_service(i).0)?;
-                    create(&svcs, &svc, &format!("service {i}")).await?;
-                    for s in bulk_slices(size, i) {
-                        let obj: EndpointSlice = serde_json::from_value(s.0)?;
-                        create(&slices, &obj, &format!("slice of service {i}")).await?;
-                    }
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            });
-        }
-        let progress = {
-            let done = done.clone();
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(Duration::from_secs(10)).await;
-                    let n = done.load(Ordering::Relaxed);
-                    eprintln!(
-                        "kube-proxy bench: {n}/{total} Services with their slices ({:.0} Services/s)",
-                        n as f64 / t0.elapsed().as_secs_f64()
-                    );
-                }
-            })
-        };
-        let mut result = Ok(());
-        while let Some(r) = workers.join_next().await {
-            match r {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    result = Err(e);
-                    workers.abort_all();
-                }
-                Err(e) if e.is_cancelled() => {}
-                Err(e) => {
-                    result = Err(anyhow!("a creating task failed: {e}"));
-                    workers.abort_all();
-                }
-            }
-        }
-        progress.abort();
-        result
-    })?;
-    Ok(total * (1 + size.endpoints.div_ceil(SLICE_MAX)))
-}
-
-/// One create, retried a few times on errors the apiserver may give under load.
-async fn create<K>(api: &Api<K>, obj: &K, what: &str) -> Result<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let mut last = None;
-    for attempt in 0..5u32 {
-        match api.create(&PostParams::default(), obj).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => return Ok(()),
-            Err(e) => {
-                last = Some(e);
-                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
-            }
-        }
-    }
-    Err(anyhow!("create {what}: {}", last.map(|e| e.to_string()).unwrap_or_default()))
-        .context("populating the cluster")
+    let svcs: Vec<Svc> = (0..size.services).map(bulk_service).collect();
+    let slices: Vec<Slice> = (0..size.services)
+        .flat_map(|i| bulk_slices(size, i))
+        .collect();
+    eprintln!(
+        "kube-proxy bench: creating {} Services and {} EndpointSlices",
+        svcs.len(),
+        slices.len()
+    );
+    kube.ns().create_many(&svcs, &slices, concurrency.max(1));
+    svcs.len() + slices.len()
 }

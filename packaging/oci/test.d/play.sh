@@ -160,10 +160,10 @@ step_end
 step_begin "manifest image tags follow Cargo.toml ($VERSION)"
 tags_ok() {
   local bad
-  bad="$(grep -hE '^\s*image:' "$KUBE_DIR"/*.yaml | grep -vE "image: localhost/konnectivity-(server|agent):$VERSION\$")"
+  bad="$(grep -hE '^\s*image:' "$KUBE_DIR"/*.yaml | grep -vE "image: localhost/(konnectivity-(server|agent)|kube-proxy):$VERSION\$")"
   [[ -z "$bad" ]] || { log "      $bad"; return 1; }
 }
-check "every image in packaging/kubernetes/*.yaml is localhost/konnectivity-{server,agent}:$VERSION" tags_ok
+check "every image in packaging/kubernetes/*.yaml is localhost/{konnectivity-server,konnectivity-agent,kube-proxy}:$VERSION" tags_ok
 step_end
 
 # ------------------------------------------------------------------------------ apiserver ---

@@ -4,38 +4,53 @@
 
 # ------------------------------------------------------------------------------ images ------
 declare -A SIZES=()
-image_checks() { # <program> <image> <entry> <binary>
-  local p="$1" img="$2" entry="$3" bin="$4" size user labels ctr
+ldd_libs() { ldd "$1" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'; }
+with_parents() { # <path>...: each path (no leading /) and every directory above it
+  local f; for f in "$@"; do f="${f#/}"; while [[ "$f" == */* ]]; do echo "$f"; f="${f%/*}"; done; echo "$f"; done
+}
+# <program> <image> <entry> <binary> [user [/usr/bin link] [home] [tool...]]: the image as
+# build.sh makes it. Defaults: the Konnectivity images' (65532:65532, /usr/bin/<entry>,
+# /home/nonroot, no tool); "-" for none.
+image_checks() {
+  local p="$1" img="$2" entry="$3" bin="$4" want_user="${5:-65532:65532}" link="${6:-usr/bin/$3}" home="${7:-home/nonroot}"
+  shift 4; shift $(( $# < 3 ? $# : 3 ))
+  local tools=("$@") size user labels ctr t lib pkg
+  [[ "$link" == - ]] && link=""; [[ "$home" == - ]] && home=""
   size="$(podman image inspect --format '{{.Size}}' "$img")"
   SIZES[$p]="$size"
   log "      image $img: $size bytes ($(awk -v s="$size" 'BEGIN { printf "%.1f", s / 1e6 }') MB)"
   check "$p image under 25 MB ($size bytes)" test "$size" -lt 25000000
   user="$(podman image inspect --format '{{.User}}' "$img")"
-  check "$p image user is 65532:65532 (got '$user')" test "$user" = 65532:65532
+  check "$p image user is $want_user (got '$user')" test "$user" = "$want_user"
   check "$p image entrypoint is [/$entry]" test "$(podman image inspect --format '{{.Config.Entrypoint}}' "$img")" = "[/$entry]"
   labels="$(podman image inspect --format '{{json .Labels}}' "$img")"
   label() { jq -r --arg k "org.opencontainers.image.$1" '.[$k] // ""' <<<"$labels"; }
   check "$p label version = $VERSION" test "$(label version)" = "$VERSION"
   check "$p label revision = git HEAD" test "$(label revision)" = "$(git -C "$ROOT" rev-parse HEAD)"
-  check "$p label licenses = Apache-2.0" test "$(label licenses)" = Apache-2.0
+  if [[ ${#tools[@]} -eq 0 ]]; then check "$p label licenses = Apache-2.0" test "$(label licenses)" = Apache-2.0
+  else check "$p label licenses = Apache-2.0 AND GPL-2.0-only (nftables)" test "$(label licenses)" = "Apache-2.0 AND GPL-2.0-only"; fi
   check "$p label source set ($(label source))" test -n "$(label source)"
-  # The file list: exactly the binary, its /usr/bin link, the libraries ldd names, the user
-  # database, nsswitch.conf, /tmp and the home directory (plus the directories above them).
+  # The file list: exactly the binary, its /usr/bin link, the tools, the libraries ldd names
+  # for the binary and the tools, the tools' packages' copyright files, the user database,
+  # nsswitch.conf, /tmp and the home directory (plus the directories above them).
   ctr="$(podman create "$img")"
   podman export "$ctr" | tar -t | sed 's#/$##' | sort >"$SCRATCH/$p.files"
   podman rm "$ctr" >/dev/null
   {
-    printf '%s\n' etc etc/group etc/nsswitch.conf etc/passwd home home/nonroot tmp usr usr/bin \
-      "$entry" "usr/bin/$entry"
-    ldd "$bin" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' |
-      while read -r lib; do
-        lib="${lib#/}"; while [[ "$lib" == */* ]]; do echo "$lib"; lib="${lib%/*}"; done; echo "$lib"
-      done
+    with_parents etc/group etc/nsswitch.conf etc/passwd tmp usr/bin "$entry" ${link:+"$link"} ${home:+"$home"} "${tools[@]}"
+    for lib in $(ldd_libs "$bin"; for t in "${tools[@]}"; do ldd_libs "$t"; done); do
+      with_parents "$lib"
+      if [[ ${#tools[@]} -gt 0 ]]; then
+        pkg="$(dpkg -S "$lib" 2>/dev/null || dpkg -S "$(sed 's#^/lib/#/usr/lib/#; t; s#^/usr/lib/#/lib/#' <<<"$lib")" 2>/dev/null)"
+        with_parents "usr/share/doc/${pkg%%:*}/copyright"
+      fi
+    done
+    for t in "${tools[@]}"; do pkg="$(dpkg -S "$t" | cut -d: -f1)"; with_parents "usr/share/doc/$pkg/copyright"; done
   } | sort -u >"$SCRATCH/$p.expected"
   # podman export adds the runtime's mount points (dev, proc, sys, etc/hosts, ...) when present.
   grep -vxE 'dev|proc|sys|run|etc/hosts|etc/hostname|etc/resolv.conf|\.' "$SCRATCH/$p.files" >"$SCRATCH/$p.files.clean"
   if diff "$SCRATCH/$p.expected" "$SCRATCH/$p.files.clean" >"$SCRATCH/$p.diff"; then
-    pass "$p image holds exactly: $(grep -c . "$SCRATCH/$p.expected") paths (binary, /usr/bin/$entry, $(ldd "$bin" | grep -c '/') ldd libraries, passwd/group/nsswitch, /tmp, /home/nonroot)"
+    pass "$p image holds exactly: $(grep -c . "$SCRATCH/$p.expected") paths (binary${link:+, /$link}${tools[*]:+, ${tools[*]}}, the ldd libraries, passwd/group/nsswitch, /tmp${home:+, /$home})"
   else
     fail "$p image file list differs from the expected one:"; sed 's/^/      | /' "$SCRATCH/$p.diff"
   fi
@@ -47,13 +62,23 @@ image_checks() { # <program> <image> <entry> <binary>
   else
     check "$p: podman run --entrypoint /bin/sh fails (no such file)" grep -q 'no such file' <<<"$out"
   fi
-  out="$(podman run --rm --network none --entrypoint "/usr/bin/$entry" "$img" --help 2>&1 | head -n 3)"
-  check "$p: /usr/bin/$entry runs (--help)" test -n "$out"
+  out="$(podman run --rm --network none --entrypoint "/${link:-$entry}" "$img" --help 2>&1 | head -n 3)"
+  check "$p: /${link:-$entry} runs (--help)" test -n "$out"
+  for t in "${tools[@]}"; do
+    out="$(podman run --rm --network none --entrypoint "$t" "$img" --version 2>&1)"
+    check "$p: $t runs in the image ($out)" eval '[[ "$out" == "$("$t" --version 2>&1)" ]]'
+  done
 }
 step_begin "image checks"
 image_checks server "$SERVER_IMAGE" proxy-server "$SERVER_BINARY"
 if [[ $HAVE_AGENT -eq 1 ]]; then image_checks agent "$AGENT_IMAGE" proxy-agent "$AGENT_BINARY"; fi
-podman images --filter reference='localhost/konnectivity-*' | sed 's/^/      | /'
+# root: kubeadm's DaemonSet runs it privileged with no user of its own (oci/build.sh says why).
+if [[ $HAVE_KUBE_PROXY -eq 1 ]]; then
+  image_checks kube-proxy "$KUBE_PROXY_IMAGE" usr/local/bin/kube-proxy "$KUBE_PROXY_BINARY" 0:0 - - /usr/sbin/nft
+  check "kube-proxy label names the nftables Debian package ($(podman image inspect --format '{{index .Labels "com.example.kube-traffic.nft.debian-package"}}' "$KUBE_PROXY_IMAGE"))" \
+    test "$(podman image inspect --format '{{index .Labels "com.example.kube-traffic.nft.debian-package"}}' "$KUBE_PROXY_IMAGE")" = "nftables $(dpkg-query -W -f='${Version}' nftables)"
+fi
+podman images --filter reference='localhost/konnectivity-*' --filter reference='localhost/kube-proxy' | sed 's/^/      | /'
 step_end
 
 # ------------------------------------------------------------------------------ certificates

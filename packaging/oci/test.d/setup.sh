@@ -72,8 +72,10 @@ VERSION="$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n1)"
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 SERVER_BINARY="${SERVER_BINARY:-$TARGET_DIR/release/konnectivity-server}"
 AGENT_BINARY="${AGENT_BINARY:-$TARGET_DIR/release/konnectivity-agent}"
+KUBE_PROXY_BINARY="${KUBE_PROXY_BINARY:-$TARGET_DIR/release/kube-proxy}"
 SERVER_IMAGE="localhost/konnectivity-server:$VERSION"
 AGENT_IMAGE="localhost/konnectivity-agent:$VERSION"
+KUBE_PROXY_IMAGE="localhost/kube-proxy:$VERSION"
 
 step_begin "build images (packaging/oci/build.sh)"
 PROGRAMS=(server) HAVE_AGENT=0
@@ -84,8 +86,17 @@ elif [[ "$CI" == true ]]; then
 else
   skip "agent image: no agent binary at $AGENT_BINARY (built and tested once it exists; CI requires it)"
 fi
+HAVE_KUBE_PROXY=0
+if [[ -x "$KUBE_PROXY_BINARY" ]]; then
+  PROGRAMS+=(kube-proxy); HAVE_KUBE_PROXY=1
+elif [[ "$CI" == true ]]; then
+  fail "no kube-proxy binary at $KUBE_PROXY_BINARY (CI=true: the kube-proxy image must be built and tested)"
+else
+  skip "kube-proxy image: no kube-proxy binary at $KUBE_PROXY_BINARY"
+fi
 T=$(now)
-if "$HERE/build.sh" --server-binary "$SERVER_BINARY" --agent-binary "$AGENT_BINARY" "${PROGRAMS[@]}"; then
+if "$HERE/build.sh" --server-binary "$SERVER_BINARY" --agent-binary "$AGENT_BINARY" \
+    --kube-proxy-binary "$KUBE_PROXY_BINARY" "${PROGRAMS[@]}"; then
   pass "build.sh ${PROGRAMS[*]} ($(secs "$T") s)"
 else
   fail "build.sh ${PROGRAMS[*]}"; exit 1

@@ -8,7 +8,7 @@
 //! never by the event rate.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::SystemTime;
 
 use tokio::sync::Notify;
@@ -60,10 +60,18 @@ impl Checkout {
     }
 }
 
+/// Told each time a family gets a change to sync (once the first lists are in), outside the
+/// store's lock: the moment a change is queued, which upstream's healthz clock and queued
+/// gauges mark, not the later moment the runner starts the sync.
+pub trait QueueListener: Send + Sync {
+    fn queued(&self, store: &Store, family: IpFamily);
+}
+
 pub struct Store {
     inner: Mutex<Inner>,
     /// Wakes each family's runner when something changed for it.
     wake: Vec<(IpFamily, Arc<Notify>)>,
+    listener: OnceLock<Arc<dyn QueueListener>>,
 }
 
 impl Store {
@@ -78,6 +86,7 @@ impl Store {
                 .iter()
                 .map(|f| (*f, Arc::new(Notify::new())))
                 .collect(),
+            listener: OnceLock::new(),
         })
     }
 
@@ -93,8 +102,16 @@ impl Store {
             .map(|(_, n)| n.clone())
     }
 
+    /// Who is told of each queued change (once; a second listener is refused).
+    pub fn set_listener(&self, listener: Arc<dyn QueueListener>) -> bool {
+        self.listener.set(listener).is_ok()
+    }
+
     fn wake_all(&self) {
-        for (_, n) in &self.wake {
+        for (family, n) in &self.wake {
+            if let Some(listener) = self.listener.get() {
+                listener.queued(self, *family);
+            }
             n.notify_one();
         }
     }

@@ -227,10 +227,13 @@ pub async fn endpoint_slices(
     }
 }
 
-/// Every ServiceCIDR's prefixes (all families), sent whole on each change.
+/// Every ServiceCIDR's prefixes (all families), sent whole on each change. `listed` turns
+/// true once the first list is in `sink`, or once it failed (an apiserver without the
+/// resource, RBAC without it, an apiserver away): whoever waits for it then goes on.
 pub async fn service_cidrs(
     client: kube::Client,
     sink: watch::Sender<Vec<IpNet>>,
+    listed: watch::Sender<bool>,
     problems: Arc<Problems>,
     stop: CancellationToken,
 ) {
@@ -265,6 +268,7 @@ pub async fn service_cidrs(
             }
             Err(e) => {
                 problems.watch_error("ServiceCIDR", &e);
+                listed.send_replace(true);
                 continue;
             }
         }
@@ -277,6 +281,7 @@ pub async fn service_cidrs(
                 *held = cidrs;
                 changed
             });
+            listed.send_replace(true);
         }
     }
 }

@@ -1,6 +1,9 @@
-//! The kernel's side: `nft -f -` takes a transaction whole or refuses it whole; `nft -j list
-//! table` shows what a family's table holds. The transaction is written to nft's stdin as it
-//! is rendered, a piece at a time, so a large one is never held as text.
+//! The kernel's side. A transaction is applied whole or refused whole, by one of two
+//! `Applier`s: nf_tables netlink messages written by the proxy (`netlink`, the default), or
+//! `nft -f -` with the rendered text (kept for tests, diffs and `trace`, and as a fallback:
+//! `KUBE_PROXY_NFT_APPLIER=nft`). `nft -j list table` shows what a family's table holds.
+//! Through nft, the transaction is written to its stdin as it is rendered, a piece at a
+//! time, so a large one is never held as text.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -9,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
+use super::netlink::{Netlink, NetlinkError};
 use super::objects::{render_op, Transaction, TABLE};
 use crate::kube_proxy::model::IpFamily;
 
@@ -28,6 +32,10 @@ pub enum NftError {
     TooOld(String),
     #[error("writing to nft: {0}")]
     Write(std::io::Error),
+    #[error(transparent)]
+    Netlink(#[from] NetlinkError),
+    #[error("{APPLIER_ENV}={0:?}: the applier is `netlink` or `nft`")]
+    UnknownApplier(String),
 }
 
 impl NftError {
@@ -38,12 +46,71 @@ impl NftError {
             NftError::Refused { .. } => "refused",
             NftError::TooOld(_) => "version",
             NftError::Write(_) => "write",
+            NftError::Netlink(e) => e.kind(),
+            NftError::UnknownApplier(_) => "config",
         }
     }
 
-    /// Whether the table was not there (a listing of a table that does not exist).
+    /// Whether the table (or another object named) was not there.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, NftError::Refused { stderr, .. } if stderr.contains("No such file or directory"))
+        match self {
+            NftError::Refused { stderr, .. } => stderr.contains("No such file or directory"),
+            NftError::Netlink(e) => e.errno() == Some(libc::ENOENT),
+            _ => false,
+        }
+    }
+}
+
+/// The environment variable that chooses how transactions reach the kernel: `netlink` (the
+/// default) or `nft`.
+pub const APPLIER_ENV: &str = "KUBE_PROXY_NFT_APPLIER";
+
+/// How the proxy applies its transactions.
+#[derive(Clone, Debug)]
+pub enum Applier {
+    /// nf_tables netlink messages, the same objects nft would create from the text.
+    Netlink(Netlink),
+    /// `nft -f -` with the rendered text.
+    Nft(Nft),
+}
+
+impl Applier {
+    /// The applier `KUBE_PROXY_NFT_APPLIER` names (netlink when unset), checked: the kernel
+    /// must take an (empty) nf_tables batch, or `nft` must be found and recent enough. The
+    /// netlink socket belongs to the calling thread's network namespace.
+    pub async fn from_env() -> Result<Applier, NftError> {
+        let chosen = std::env::var(APPLIER_ENV).unwrap_or_default();
+        let applier = match chosen.trim() {
+            "" | "netlink" => {
+                let netlink = Netlink::open()?;
+                // An empty batch: the kernel refuses it whole when it has no nf_tables.
+                netlink.apply(&Transaction::new(IpFamily::V4)).await?;
+                Applier::Netlink(netlink)
+            }
+            "nft" => Applier::Nft(Nft::find(None).await?),
+            other => return Err(NftError::UnknownApplier(other.to_owned())),
+        };
+        tracing::info!(
+            applier = applier.name(),
+            "nftables transactions are applied with {}",
+            applier.name()
+        );
+        Ok(applier)
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Applier::Netlink(_) => "netlink",
+            Applier::Nft(_) => "nft",
+        }
+    }
+
+    /// Applies a transaction: all of it, or none of it and the reason.
+    pub async fn run(&self, tx: &Transaction) -> Result<Applied, NftError> {
+        match self {
+            Applier::Netlink(netlink) => Ok(netlink.apply(tx).await?),
+            Applier::Nft(nft) => nft.run(tx).await,
+        }
     }
 }
 

@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::gofmt::GoDuration;
-use crate::kube_proxy::api::store::Store;
+use crate::kube_proxy::api::store::{QueueListener, Store};
 use crate::kube_proxy::healthz::ProxyHealth;
 use crate::kube_proxy::metrics::ProxyMetrics;
 use crate::kube_proxy::model::{IpFamily, ServiceName};
-use crate::kube_proxy::nft::exec::{Nft, NftError};
+use crate::kube_proxy::nft::exec::{Applier, NftError};
 use crate::kube_proxy::ruleset::settings::Settings;
 use crate::kube_proxy::ruleset::sync::{KernelView, SyncKind, Wanted};
 use wanted::NodeWants;
@@ -61,7 +61,7 @@ pub struct Proxier {
     refresh: bool,
     wants: NodeWants,
     view: KernelView,
-    nft: Nft,
+    nft: Applier,
     store: Arc<Store>,
     metrics: Arc<ProxyMetrics>,
     health: Arc<ProxyHealth>,
@@ -80,7 +80,7 @@ impl Proxier {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         settings: Settings,
-        nft: Nft,
+        nft: Applier,
         store: Arc<Store>,
         metrics: Arc<ProxyMetrics>,
         health: Arc<ProxyHealth>,
@@ -353,22 +353,6 @@ impl Proxier {
         }
     }
 
-    /// A sync was asked for: the healthz clock and the queued-time gauge.
-    pub fn queued(&self) {
-        self.health.queued(self.family);
-        self.metrics
-            .last_queued
-            .with_label_values(&[self.family.api()])
-            .set(unix_seconds(SystemTime::now()));
-        let (services, endpoints) = self.store.pending(self.family);
-        self.metrics
-            .service_changes_pending
-            .set(i64::try_from(services).unwrap_or(i64::MAX));
-        self.metrics
-            .endpoint_changes_pending
-            .set(i64::try_from(endpoints).unwrap_or(i64::MAX));
-    }
-
     /// What the node wants (for the health checks and tests).
     pub fn wants(&self) -> &NodeWants {
         &self.wants
@@ -379,4 +363,28 @@ pub fn unix_seconds(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
+}
+
+/// Marks each change as queued when it arrives: the healthz clock and the queued-time and
+/// pending-changes gauges.
+pub struct QueueMarks {
+    pub health: Arc<ProxyHealth>,
+    pub metrics: Arc<ProxyMetrics>,
+}
+
+impl QueueListener for QueueMarks {
+    fn queued(&self, store: &Store, family: IpFamily) {
+        self.health.queued(family);
+        self.metrics
+            .last_queued
+            .with_label_values(&[family.api()])
+            .set(unix_seconds(SystemTime::now()));
+        let (services, endpoints) = store.pending(family);
+        self.metrics
+            .service_changes_pending
+            .set(i64::try_from(services).unwrap_or(i64::MAX));
+        self.metrics
+            .endpoint_changes_pending
+            .set(i64::try_from(endpoints).unwrap_or(i64::MAX));
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use super::settings::{LocalDetector, Settings};
+use super::settings::Settings;
 use super::skeleton::{
     CLUSTER_IPS, FIREWALL_IPS, HAIRPIN, NO_ENDPOINT_NODEPORTS, NO_ENDPOINT_SERVICES, REJECT_CHAIN,
     SERVICE_IPS, SERVICE_NODEPORTS,
@@ -253,7 +253,7 @@ pub fn render_port(
                 Rule::with_comment(vec![Stmt::MarkSetOr(settings.mark)], "masquerade"),
             );
         } else {
-            if let Some(local) = local_match(&settings.local_detector, false) {
+            if let Some(local) = settings.local_detector.matcher(false) {
                 out.rule(
                     ext,
                     Rule::with_comment(
@@ -402,25 +402,4 @@ fn affinity_jumps(
             chains: targets,
         }]),
     );
-}
-
-/// The match for traffic from (or, negated, not from) this node's pods; `None` when local
-/// traffic detection is off.
-pub fn local_match(detector: &LocalDetector, negate: bool) -> Option<Stmt> {
-    match detector {
-        LocalDetector::None => None,
-        LocalDetector::Cidr(net) => Some(Stmt::Addr {
-            field: AddrField::Saddr,
-            negate,
-            value: AddrValue::Net(*net),
-        }),
-        LocalDetector::Interface(name) => Some(Stmt::Iifname {
-            negate,
-            name: name.clone(),
-        }),
-        LocalDetector::InterfacePrefix(prefix) => Some(Stmt::Iifname {
-            negate,
-            name: format!("{prefix}*"),
-        }),
-    }
 }

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::kube_proxy::model::IpFamily;
-use crate::kube_proxy::nft::rule::Pick;
+use crate::kube_proxy::nft::rule::{AddrField, AddrValue, Pick, Stmt};
 
 /// How traffic from this node's pods is recognised (`--detect-local-mode`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +21,29 @@ pub enum LocalDetector {
     Interface(String),
     /// InterfaceNamePrefix: the packet came in on an interface whose name starts so.
     InterfacePrefix(String),
+}
+
+impl LocalDetector {
+    /// The match for traffic from (or, negated, not from) this node's pods; `None` when
+    /// detection is off.
+    pub fn matcher(&self, negate: bool) -> Option<Stmt> {
+        match self {
+            LocalDetector::None => None,
+            LocalDetector::Cidr(net) => Some(Stmt::Addr {
+                field: AddrField::Saddr,
+                negate,
+                value: AddrValue::Net(*net),
+            }),
+            LocalDetector::Interface(name) => Some(Stmt::Iifname {
+                negate,
+                name: name.clone(),
+            }),
+            LocalDetector::InterfacePrefix(prefix) => Some(Stmt::Iifname {
+                negate,
+                name: format!("{prefix}*"),
+            }),
+        }
+    }
 }
 
 /// Where NodePorts answer (`--nodeport-addresses`, expanded for this family).
@@ -55,6 +78,12 @@ pub struct Settings {
     /// NodePorts answer on 127.0.0.1 too (iptables mode's `--iptables-localhost-nodeports`,
     /// IPv4 only, when the NodePort addresses cover loopback).
     pub localhost_node_ports: bool,
+    /// Hairpin connections (a pod to its own Service) carry the masquerade mark through the
+    /// forward hook (iptables and ipvs modes): the KUBE-FORWARD chain those modes add to
+    /// iptables accepts marked packets under a FORWARD policy of DROP, and upstream's
+    /// iptables mode marks hairpin connections in its endpoint chains, before FORWARD, where
+    /// the nftables ruleset only masquerades them at postrouting.
+    pub mark_hairpin_for_forward: bool,
 }
 
 impl Settings {
@@ -77,6 +106,7 @@ impl Settings {
             zone: None,
             pick: Pick::Random,
             localhost_node_ports: false,
+            mark_hairpin_for_forward: false,
         }
     }
 }

@@ -3,7 +3,6 @@
 //! upstream writes it (the names, types, comments and rules are upstream's, so an operator's
 //! `nft list table ip kube-proxy` reads the same).
 
-use super::port::local_match;
 use super::settings::{NodePorts, Settings};
 use crate::kube_proxy::nft::objects::{
     BaseChain, ChainType, Hook, Object, SetKind, SetSpec, Transaction,
@@ -34,6 +33,10 @@ pub const FIREWALL_IPS: &str = "firewall-ips";
 pub const FIREWALL_CHECK: &str = "firewall-check";
 pub const MASQUERADING: &str = "masquerading";
 pub const HAIRPIN: &str = "hairpin-connections";
+/// iptables and ipvs modes only: marks hairpin connections for iptables' KUBE-FORWARD,
+/// before the filter table's FORWARD chain (priority 0) sees them.
+pub const HAIRPIN_MARK: &str = "filter-forward-hairpin-mark";
+const HAIRPIN_MARK_PRIORITY: i32 = -10;
 /// Created and deleted at once by upstream's full sync when its localhost-NodePort alpha
 /// feature is off; kept for the same operation count and the same end state.
 pub const LOCALHOST_NODEPORT_REJECT: &str = "localhost-nodeport-reject-ports";
@@ -132,6 +135,10 @@ pub fn write(settings: &Settings, first: bool, tx: &mut Transaction) {
             tx.add(Object::chain(name));
             tx.delete(Object::chain(name));
         }
+        if settings.mark_hairpin_for_forward {
+            tx.add(Object::chain(HAIRPIN_MARK));
+            tx.delete(Object::chain(HAIRPIN_MARK));
+        }
     }
     for (name, kind, hook, priority) in BASE_CHAINS {
         tx.add(Object::Chain {
@@ -189,6 +196,30 @@ pub fn write(settings: &Settings, first: bool, tx: &mut Transaction) {
             Stmt::Masquerade,
         ]),
     );
+
+    if settings.mark_hairpin_for_forward {
+        tx.add(Object::Chain {
+            name: HAIRPIN_MARK.into(),
+            base: Some(BaseChain {
+                kind: ChainType::Filter,
+                hook: Hook::Forward,
+                priority: HAIRPIN_MARK_PRIORITY,
+            }),
+            comment: None,
+        });
+        tx.flush(Object::chain(HAIRPIN_MARK));
+        tx.add_rule(
+            HAIRPIN_MARK,
+            Rule::with_comment(
+                vec![
+                    Stmt::CtStatusDnat,
+                    Stmt::HairpinLookup(HAIRPIN.into()),
+                    Stmt::MarkSetOr(settings.mark),
+                ],
+                "mark hairpin connections for iptables' KUBE-FORWARD",
+            ),
+        );
+    }
 
     tx.add(set(
         CLUSTER_IPS,
@@ -331,7 +362,7 @@ pub fn write(settings: &Settings, first: bool, tx: &mut Transaction) {
                 "masquerade all clusterIP traffic",
             ),
         );
-    } else if let Some(not_local) = local_match(&settings.local_detector, true) {
+    } else if let Some(not_local) = settings.local_detector.matcher(true) {
         tx.add_rule(
             SERVICES_CHAIN,
             Rule::with_comment(
