@@ -14,7 +14,9 @@
 
 // A bench target is compiled with cfg(test) but without the test harness: the harness files'
 // unit-test modules are there without their #[test] functions, so their imports go unused.
-#[allow(unused_imports)]
+// Named `harness` here, it holds its own `harness` module (tests/kube_proxy/harness.rs): the
+// tests' names are kept rather than renamed for this one user.
+#[allow(unused_imports, clippy::module_inception)]
 #[path = "../../../tests/kube_proxy/mod.rs"]
 pub mod harness;
 

@@ -281,7 +281,7 @@ impl Session {
         loop {
             self.check_alive()?;
             sample_children(self.pid, &mut nft);
-            if tick % 5 == 0 {
+            if tick.is_multiple_of(5) {
                 if let Ok(m) = self.metrics() {
                     if m.full_syncs >= 1.0 {
                         let seen = SystemTime::now();
