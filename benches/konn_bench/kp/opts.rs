@@ -104,6 +104,9 @@ pub struct Opts {
     pub populate_only: bool,
     /// Only these proxies ("ours", "upstream"); both by default.
     pub proxies: Vec<String>,
+    /// The arguments that chose what to run (not the paths benches/run fills in), for the
+    /// report to say.
+    pub args: Vec<String>,
 }
 
 pub fn usage() -> &'static str {
@@ -166,6 +169,7 @@ pub fn parse(args: &[String]) -> Result<Opts> {
         keep_tmp: false,
         populate_only: false,
         proxies: vec!["ours".into(), "upstream".into()],
+        args: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -226,6 +230,19 @@ pub fn parse(args: &[String]) -> Result<Opts> {
             }
             other => bail!("unknown argument {other:?}\n{}", usage()),
         }
+    }
+    let paths = ["--ours-bin", "--kube-bin-dir", "--out", "--repo", "--cache"];
+    let mut skip = false;
+    for a in args {
+        if std::mem::take(&mut skip) {
+            continue;
+        }
+        let key = a.split_once('=').map_or(a.as_str(), |(k, _)| k);
+        if paths.contains(&key) {
+            skip = !a.contains('=');
+            continue;
+        }
+        o.args.push(a.clone());
     }
     if o.ours_bin.as_os_str().is_empty() || o.kube_bin_dir.as_os_str().is_empty() {
         bail!("--ours-bin and --kube-bin-dir are required\n{}", usage());

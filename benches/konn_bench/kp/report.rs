@@ -316,10 +316,11 @@ pub fn render(opts: &Opts, records: &[Record], info: &Info, states: &[State]) ->
     // says so here rather than by silence).
     let full = ["0x0", "1000x10", "10000x10", "44000x2", "5000x50"];
     let run: Vec<String> = opts.sizes.iter().map(Size::title).collect();
-    let left: Vec<&str> = full
+    let left: Vec<String> = full
         .iter()
-        .copied()
-        .filter(|f| !opts.sizes.iter().any(|z| z.label() == *f))
+        .filter_map(|f| Size::parse(f).ok())
+        .filter(|f| !opts.sizes.contains(f))
+        .map(|f| f.title())
         .collect();
     let _ = writeln!(
         s,
@@ -341,6 +342,12 @@ pub fn render(opts: &Opts, records: &[Record], info: &Info, states: &[State]) ->
                 left.join(", ")
             )
         }
+    );
+    let _ = writeln!(
+        s,
+        "The arguments of this run: `konn_bench kube-proxy {}` (`benches/run{} --kube-proxy` passes them on).\n",
+        opts.args.join(" "),
+        if opts.quick { " --quick" } else { "" }
     );
     let _ = writeln!(s, "Reproduce (as root; the populated clusters are cached in `~/.cache/kube-traffic-bench/`, so only the first run of a size creates its objects):\n");
     let _ = writeln!(s, "```sh");
