@@ -1,5 +1,6 @@
 //! konn_bench: loads konnectivity-server and the upstream Go proxy-server side by side, the way
-//! kube-apiserver does, and writes RESULTS.md (see benches/README.md).
+//! kube-apiserver does, and writes RESULTS.md (see benches/README.md). `konn_bench kube-proxy`
+//! is the kube-proxy part: ours against upstream's on populated clusters (kp/).
 //!
 //! Built as a `[[bench]]` with `harness = false`; `benches/run` is the entry point. The same
 //! binary is also the far end (`konn_bench farend`): a loopback TCP source/sink in its own
@@ -20,6 +21,7 @@ mod agents;
 mod drive;
 mod env;
 mod farend;
+mod kp;
 mod metrics;
 mod opts;
 mod output;
@@ -45,6 +47,13 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("farend") {
         farend_main();
+    }
+    // The kube-proxy part (kp/): synchronous, no runtime of its own here (the harness's
+    // apiserver client brings one).
+    match args.first().map(String::as_str) {
+        Some("kube-proxy") => std::process::exit(kp::main(&args[1..])),
+        Some("kp-sink") => kp::sink_main(&args[1..]),
+        _ => {}
     }
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(n) => eprintln!(

@@ -42,7 +42,17 @@ pub fn cmd_out(cmd: &mut Command) -> String {
     }
 }
 
-pub fn machine_info(opts: &Opts) -> Info {
+/// What the machine and checkout are, for the header of each part of RESULTS.md.
+pub struct Machine {
+    pub date: String,
+    pub cores: usize,
+    pub cpu_model: String,
+    pub mem: String,
+    pub kernel: String,
+    pub git: String,
+}
+
+pub fn machine(repo: &std::path::Path) -> Machine {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu_model = cpuinfo
         .lines()
@@ -62,20 +72,18 @@ pub fn machine_info(opts: &Opts) -> Info {
         let d = cmd_out(
             Command::new("git")
                 .args(["--no-optional-locks", "-C"])
-                .arg(&opts.repo)
+                .arg(repo)
                 .args(["describe", "--always", "--tags", "--dirty"]),
         );
         let c = cmd_out(
             Command::new("git")
                 .args(["--no-optional-locks", "-C"])
-                .arg(&opts.repo)
+                .arg(repo)
                 .args(["rev-parse", "HEAD"]),
         );
         format!("{d} (commit {c})")
     };
-    let upstream = std::fs::read_to_string(opts.upstream_dir.join("VERSIONS"))
-        .unwrap_or_else(|_| "unknown (no VERSIONS file)".into());
-    Info {
+    Machine {
         date: jiff::Timestamp::now()
             .strftime("%Y-%m-%d %H:%M:%S UTC")
             .to_string(),
@@ -88,6 +96,20 @@ pub fn machine_info(opts: &Opts) -> Info {
             .unwrap_or_default()
             .trim()
             .to_string(),
+        git,
+    }
+}
+
+pub fn machine_info(opts: &Opts) -> Info {
+    let m = machine(&opts.repo);
+    let upstream = std::fs::read_to_string(opts.upstream_dir.join("VERSIONS"))
+        .unwrap_or_else(|_| "unknown (no VERSIONS file)".into());
+    Info {
+        date: m.date,
+        cores: m.cores,
+        cpu_model: m.cpu_model,
+        mem: m.mem,
+        kernel: m.kernel,
         ours_version: cmd_out(Command::new(&opts.server_bin).arg("--version")),
         agent_version: if opts.with_agents() {
             cmd_out(
@@ -101,7 +123,7 @@ pub fn machine_info(opts: &Opts) -> Info {
         } else {
             String::new()
         },
-        git,
+        git: m.git,
         rustc: cmd_out(Command::new("rustc").arg("--version")),
         upstream: upstream
             .lines()
@@ -178,7 +200,13 @@ pub fn json_escape_records(records: &[Record]) -> serde_json::Value {
 }
 
 pub fn write_json(opts: &Opts, records: &[Record], info: &Info, total: f64) -> Result<()> {
-    let v = serde_json::json!({
+    let path = opts.out.join("results.json");
+    // The kube-proxy part's results (`konn_bench kube-proxy`) stay.
+    let kept = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .and_then(|v| v.get(crate::kp::JSON_KEY).cloned());
+    let mut v = serde_json::json!({
         "quick": opts.quick,
         "rounds": opts.rounds,
         "total_secs": total,
@@ -191,10 +219,10 @@ pub fn write_json(opts: &Opts, records: &[Record], info: &Info, total: f64) -> R
         "upstream": info.upstream,
         "records": json_escape_records(records),
     });
-    std::fs::write(
-        opts.out.join("results.json"),
-        serde_json::to_string_pretty(&v)?,
-    )?;
+    if let Some(k) = kept {
+        v[crate::kp::JSON_KEY] = k;
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&v)?)?;
     Ok(())
 }
 

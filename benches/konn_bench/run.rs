@@ -372,13 +372,19 @@ pub async fn run(opts: Opts) -> Result<i32> {
     let mut md = render_markdown(&opts, &records, &info, total);
     // The profile breakdowns (benches/profile) are written by hand from their own scripts:
     // a benchmark run keeps them.
+    // So is the kube-proxy part's section (`konn_bench kube-proxy`), last.
     let path = opts.out.join("RESULTS.md");
-    if let Some(kept) = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|old| old.find(PROFILE_SECTION).map(|at| old[at..].to_string()))
-    {
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    let (old, kube_proxy) = crate::kp::split_section(&old);
+    if let Some(at) = old.find(PROFILE_SECTION) {
         md.push('\n');
-        md.push_str(&kept);
+        md.push_str(old[at..].trim_end());
+        md.push('\n');
+    }
+    if let Some(section) = kube_proxy {
+        md.push('\n');
+        md.push_str(&section);
+        md.push('\n');
     }
     std::fs::write(&path, &md)?;
     write_ratios_csv(&opts, &records)?;

@@ -10,7 +10,7 @@
 #                           sa.key / sa.pub (service-account signing key pair, RSA 2048)
 #   DIR/audit.log           JSON lines, level Metadata, stage ResponseComplete, for
 #                           tokenreviews create and every lease request not made by the apiserver itself
-#   DIR/etcd.log, DIR/kube-apiserver.log, DIR/etcd-data/
+#   DIR/etcd.log, DIR/kube-apiserver.log, DIR/etcd-data/ (unless KUBE_ETCD_DATA)
 #
 # Ports are random free TCP ports in [1024, 32767] (below the kernel's ephemeral range),
 # retried on a bind race. Binaries come from $KUBE_BIN_DIR, else from ./build.sh (which
@@ -24,6 +24,9 @@
 #   KUBE_APISERVER_EXTRA_ARGS extra kube-apiserver flags, whitespace-separated
 #                             (e.g. --egress-selector-config-file=...)
 #   KUBE_START_TIMEOUT        seconds to wait for /readyz (default 120)
+#   KUBE_ETCD_DATA            an existing etcd data directory to start from, used in place of
+#                             DIR/etcd-data and not emptied (a populated cluster kept across
+#                             runs, e.g. the benchmarks'; pass a copy, etcd writes to it)
 #   KUBE_WATCH_PID            if set, a watchdog runs stop.sh DIR when that pid exits
 #                             (so a crashed test run does not leak the servers)
 set -euo pipefail
@@ -143,11 +146,14 @@ wait_http() { # <url> <pid> <seconds> [curl args...]
   return 1
 }
 
+# With KUBE_ETCD_DATA the data's own member restarts: etcd ignores the --initial-* flags then,
+# and takes the new peer and client URLs (one member, so no peer holds the old ones).
+ETCD_DATA="${KUBE_ETCD_DATA:-$DIR/etcd-data}"
 start_etcd() {
   free_port ETCD_CLIENT_PORT; free_port ETCD_PEER_PORT
-  rm -rf "$DIR/etcd-data"
+  [[ -n "${KUBE_ETCD_DATA:-}" ]] || rm -rf "$ETCD_DATA"
   setsid "$ETCD_BIN" \
-    --name=fixture --data-dir="$DIR/etcd-data" \
+    --name=fixture --data-dir="$ETCD_DATA" \
     --listen-client-urls="http://127.0.0.1:$ETCD_CLIENT_PORT" \
     --advertise-client-urls="http://127.0.0.1:$ETCD_CLIENT_PORT" \
     --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
@@ -242,9 +248,12 @@ write_kubeconfig "$DIR/kubeconfig" admin "$ADMIN_TOKEN"
 write_kubeconfig "$DIR/server.kubeconfig" "$SERVER_USER" "$SERVER_TOKEN"
 
 # ---------------------------------------------------------------- RBAC for the server identity
-kapi() { # <method> <path> <json body>
-  curl -fsS --max-time 10 --cacert "$PKI/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
-    -H 'Content-Type: application/json' -X "$1" "$APISERVER_URL$2" --data "$3" -o /dev/null
+kapi() { # <method> <path> <json body>: created, or there already (a reused KUBE_ETCD_DATA)
+  local code
+  code="$(curl -sS --max-time 10 --cacert "$PKI/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" \
+    -H 'Content-Type: application/json' -X "$1" "$APISERVER_URL$2" --data "$3" -o /dev/null \
+    -w '%{http_code}')" || return 1
+  [[ "$code" == 2?? || "$code" == 409 ]] || { log "$1 $2: HTTP $code"; return 1; }
 }
 kapi POST /apis/rbac.authorization.k8s.io/v1/clusterroles '{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{"name":"konnectivity-server:auth-delegator"},"rules":[{"apiGroups":["authentication.k8s.io"],"resources":["tokenreviews"],"verbs":["create"]}]}'
 kapi POST /apis/rbac.authorization.k8s.io/v1/clusterrolebindings '{"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{"name":"konnectivity-server:auth-delegator"},"roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"konnectivity-server:auth-delegator"},"subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"User","name":"'"$SERVER_USER"'"}]}'

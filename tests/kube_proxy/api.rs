@@ -31,6 +31,12 @@ impl Apiserver {
     /// Starts the fixture in `dir` (which must exist). The Service CIDRs are dual-stack and
     /// outside the node addresses (start.sh's own 10.0.0.0/24 would hold 10.0.0.1, the node).
     pub fn start(dir: &Path) -> Apiserver {
+        Apiserver::start_with(dir, &[])
+    }
+
+    /// [`start`](Self::start) with more of start.sh's knobs (the benchmarks: `KUBE_BIN_DIR`,
+    /// `KUBE_ETCD_DATA` for a populated cluster, `KUBE_START_TIMEOUT`).
+    pub fn start_with(dir: &Path, env: &[(&str, &str)]) -> Apiserver {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kube/start.sh");
         let out = std::process::Command::new("bash")
             .arg(script)
@@ -39,6 +45,7 @@ impl Apiserver {
                 "KUBE_APISERVER_EXTRA_ARGS",
                 "--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112",
             )
+            .envs(env.iter().copied())
             // start.sh's watchdog stops the fixture if this process dies without Drop.
             .env("KUBE_WATCH_PID", std::process::id().to_string())
             .output()

@@ -125,17 +125,23 @@ pub fn start_with(
     env: &[(&str, &str)],
     log: &Path,
 ) -> Proc {
-    let bin = which.binary(upstream_dir);
+    let name = format!("kube-proxy ({}, {ns})", which.label());
+    start_bin(&name, &which.binary(upstream_dir), ns, args, env, log)
+}
+
+/// [`start_with`] for the program at `bin` (the benchmarks: the binaries they were given).
+pub fn start_bin(
+    name: &str,
+    bin: &Path,
+    ns: &str,
+    args: &[String],
+    env: &[(&str, &str)],
+    log: &Path,
+) -> Proc {
     let bin = bin.to_str().expect("utf-8 path");
     let mut argv = vec![bin];
     argv.extend(args.iter().map(String::as_str));
-    Proc::start(
-        &format!("kube-proxy ({}, {ns})", which.label()),
-        Some(ns),
-        &argv,
-        env,
-        log,
-    )
+    Proc::start(name, Some(ns), &argv, env, log)
 }
 
 #[cfg(test)]
