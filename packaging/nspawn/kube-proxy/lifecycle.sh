@@ -14,7 +14,7 @@ check "structured fields present (TARGET, CODE_FILE, CODE_LINE, PRIORITY, MESSAG
 check "MESSAGE 'rules programmed; ready' with its STATUS field" kp_logged '.MESSAGE == "rules programmed; ready" and .STATUS'
 check "MESSAGE 'configuration reloaded' with TRIGGER=SIGHUP and RELOAD_GENERATION" \
   kp_logged '.MESSAGE == "configuration reloaded" and .TRIGGER == "SIGHUP" and .RELOAD_GENERATION'
-check "warnings at PRIORITY 4 (the ipvs mode's)" kp_logged '.PRIORITY == "4" and (.MESSAGE | test("nftables dataplane"))'
+check "warnings at PRIORITY 4 (the ipvs mode's)" kp_logged '.PRIORITY == "4" and (.MESSAGE | test("served by nftables rules"))'
 check "no ANSI escapes in messages" eval '[[ "$(jq -r ".MESSAGE // empty" <<<"$JSON" | grep -c $'"'"'\x1b\\['"'"')" == 0 ]]'
 step_end
 

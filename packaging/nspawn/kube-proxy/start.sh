@@ -17,7 +17,9 @@ plant_leftovers() { # <iptables program>
     && c "$1" -t nat -N KUBE-KUBELET-CANARY
 }
 leftovers() { c "$1-save" 2>/dev/null | grep -oE '^:KUBE-[A-Z0-9-]+' | sort | tr '\n' ' '; }   # <iptables program>
-CANARY_ONLY=":KUBE-KUBELET-CANARY "
+# What stays after the leftovers are removed: kubelet's canary, and the KUBE-FORWARD chain our
+# ipvs mode adds itself (upstream's accept rules, for a FORWARD policy of DROP).
+CANARY_ONLY=":KUBE-FORWARD :KUBE-KUBELET-CANARY "
 
 step_begin "the node's kubeconfig, the reference unit's flags, upstream's iptables leftovers, the relay"
 kp_kubeconfig https://127.0.0.1:6443 "$KP_TOKEN" >"$CROOT/etc/kubernetes/kube-proxy.kubeconfig"
@@ -75,7 +77,7 @@ log "      answer: $(client once "$SVC" 2)"
 check "a second table for IPv6 (ip6 kube-proxy): both families are programmed" c nft list table ip6 kube-proxy
 check "journal: the flags from /etc/default/kube-proxy (FLAG: --bind-address=\"$NODE_IP\", --proxy-mode=\"ipvs\")" \
   eval 'logged "FLAG: --bind-address=\"$NODE_IP\"" && logged "FLAG: --proxy-mode=\"ipvs\""'
-check "journal: ipvs mode is served by the nftables dataplane (the warning says so)" logged "mode with its nftables dataplane"
+check "journal: ipvs mode is served by the nftables dataplane (the warning says so)" logged "mode is served by nftables rules"
 check "healthz on 0.0.0.0:10256 in the node's namespace: 200" \
   eval '[[ "$(cn curl -s -o /dev/null -w "%{http_code}" --max-time 3 http://127.0.0.1:10256/healthz)" == 200 ]]'
 check "metrics on 127.0.0.1:10249: kubeproxy_sync_proxy_rules_duration_seconds" \

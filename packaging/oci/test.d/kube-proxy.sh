@@ -186,7 +186,7 @@ if [[ $KP_OK -eq 1 ]]; then
   check "log: 'Detected node IP' $KP_NODE_IP: the Node $KP_NODE, named by --hostname-override=\$(NODE_NAME)" \
     eval '[[ "$(podman logs "$KP_CTR" 2>&1 | grep -c "\"Detected node IP\" ipFamily=\"IPv4\" nodeIP=\"$KP_NODE_IP\"")" -ge 1 ]]'
   check "log: the iptables mode (kubeadm's default) served by the nftables dataplane" \
-    eval '[[ "$(podman logs "$KP_CTR" 2>&1 | grep -c "iptables mode with its nftables dataplane")" -ge 1 ]]'
+    eval '[[ "$(podman logs "$KP_CTR" 2>&1 | grep -c "the iptables mode is served by nftables rules")" -ge 1 ]]'
   check "healthz 200 on 10256 (the configuration's healthzBindAddress)" wait_for 10 code_is 200 http://127.0.0.1:10256/healthz
   [[ $FAILS -eq 0 ]] || kp_logs 40
   T=$(now); podman pod stop -t 20 "$KP_POD_NAME" >/dev/null 2>&1
