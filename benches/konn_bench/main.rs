@@ -18,6 +18,7 @@
 
 mod agent_idle;
 mod agents;
+mod cli_args;
 mod drive;
 mod env;
 mod farend;

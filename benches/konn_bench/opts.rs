@@ -3,8 +3,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 
+use crate::cli_args::ArgWalk;
 use crate::{GIB, MIB};
 
 /// `--client-window fixed`.
@@ -116,63 +117,57 @@ pub fn parse_opts(args: &[String]) -> Result<Opts> {
         repo: std::env::current_dir()?,
         server_wrap: Vec::new(),
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (key, inline) = match a.split_once('=') {
-            Some((k, v)) if k.starts_with("--") => (k.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut val = || -> Result<String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| anyhow!("{key} needs a value")),
-            }
-        };
+    let mut walk = ArgWalk::new(args);
+    while let Some(key) = walk.next_key() {
         match key.as_str() {
             "--quick" | "--bench" => {}
             "--keep-tmp" => o.keep_tmp = true,
-            "--rounds" => o.rounds = val()?.parse()?,
-            "--server-bin" => o.server_bin = val()?.into(),
-            "--upstream-dir" => o.upstream_dir = val()?.into(),
-            "--agent-bin" => o.agent_bin = Some(val()?.into()),
-            "--out" => o.out = val()?.into(),
-            "--repo" => o.repo = val()?.into(),
+            "--rounds" => o.rounds = walk.value()?.parse()?,
+            "--server-bin" => o.server_bin = walk.value()?.into(),
+            "--upstream-dir" => o.upstream_dir = walk.value()?.into(),
+            "--agent-bin" => o.agent_bin = Some(walk.value()?.into()),
+            "--out" => o.out = walk.value()?.into(),
+            "--repo" => o.repo = walk.value()?.into(),
             "--workloads" => {
-                o.workloads = val()?.split(',').map(|s| s.trim().to_string()).collect();
+                o.workloads = walk
+                    .value()?
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .collect();
                 for w in &o.workloads {
                     if !ALL_WORKLOADS.contains(&w.as_str()) {
                         bail!("unknown workload {w:?} (known: {ALL_WORKLOADS:?})");
                     }
                 }
             }
-            "--bulk-mib" => o.bulk_bytes = val()?.parse::<u64>()? * MIB,
-            "--short-secs" => o.short_secs = val()?.parse()?,
-            "--short-timeout" => o.short_timeout_secs = val()?.parse()?,
-            "--short-clients" => o.short_clients = val()?.parse()?,
+            "--bulk-mib" => o.bulk_bytes = walk.value()?.parse::<u64>()? * MIB,
+            "--short-secs" => o.short_secs = walk.value()?.parse()?,
+            "--short-timeout" => o.short_timeout_secs = walk.value()?.parse()?,
+            "--short-clients" => o.short_clients = walk.value()?.parse()?,
             "--idle-counts" => {
-                o.idle_counts = val()?
+                o.idle_counts = walk
+                    .value()?
                     .split(',')
                     .map(|s| s.trim().parse())
                     .collect::<Result<_, _>>()?
             }
             "--connect-idle-counts" => {
-                o.connect_idle_counts = val()?
+                o.connect_idle_counts = walk
+                    .value()?
                     .split(',')
                     .map(|s| s.trim().parse())
                     .collect::<Result<_, _>>()?
             }
             "--agent-counts" => {
-                o.agent_counts = val()?
+                o.agent_counts = walk
+                    .value()?
                     .split(',')
                     .map(|s| s.trim().parse())
                     .collect::<Result<_, _>>()?
             }
-            "--idle-secs" => o.idle_secs = val()?.parse()?,
-            "--hol-secs" => o.hol_secs = val()?.parse()?,
-            "--client-window" => match val()?.as_str() {
+            "--idle-secs" => o.idle_secs = walk.value()?.parse()?,
+            "--hol-secs" => o.hol_secs = walk.value()?.parse()?,
+            "--client-window" => match walk.value()?.as_str() {
                 "adaptive" => FIXED_WINDOW.store(false, Ordering::Relaxed),
                 "fixed" => FIXED_WINDOW.store(true, Ordering::Relaxed),
                 v => bail!("--client-window adaptive|fixed, not {v:?}"),

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Result};
 
+use crate::cli_args::ArgWalk;
+
 /// One populated cluster: `services` Services with `endpoints` endpoints each. `0x0` is the
 /// idle case: no Service but the apiserver's own `kubernetes`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -171,53 +173,44 @@ pub fn parse(args: &[String]) -> Result<Opts> {
         proxies: vec!["ours".into(), "upstream".into()],
         args: Vec::new(),
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let (key, inline) = match a.split_once('=') {
-            Some((k, v)) if k.starts_with("--") => (k.to_string(), Some(v.to_string())),
-            _ => (a.clone(), None),
-        };
-        let mut val = || -> Result<String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| anyhow!("{key} needs a value")),
-            }
-        };
+    let mut walk = ArgWalk::new(args);
+    while let Some(key) = walk.next_key() {
         match key.as_str() {
             "--quick" | "--bench" => {}
             "--keep-tmp" => o.keep_tmp = true,
             "--populate-only" => o.populate_only = true,
-            "--rounds" => o.rounds = val()?.parse()?,
-            "--ours-bin" => o.ours_bin = val()?.into(),
-            "--kube-bin-dir" => o.kube_bin_dir = val()?.into(),
-            "--out" => o.out = val()?.into(),
-            "--repo" => o.repo = val()?.into(),
-            "--sizes" => o.sizes = sizes(&val()?)?,
-            "--changes" => o.changes = val()?.parse()?,
-            "--series-budget" => o.series_budget_secs = val()?.parse()?,
-            "--gap-max-ms" => o.gap_max_ms = val()?.parse()?,
-            "--new-services" => o.new_services = val()?.parse()?,
-            "--first-sync-timeout" => o.first_sync_timeout_secs = val()?.parse()?,
-            "--change-timeout" => o.change_timeout_secs = val()?.parse()?,
+            "--rounds" => o.rounds = walk.value()?.parse()?,
+            "--ours-bin" => o.ours_bin = walk.value()?.into(),
+            "--kube-bin-dir" => o.kube_bin_dir = walk.value()?.into(),
+            "--out" => o.out = walk.value()?.into(),
+            "--repo" => o.repo = walk.value()?.into(),
+            "--sizes" => o.sizes = sizes(&walk.value()?)?,
+            "--changes" => o.changes = walk.value()?.parse()?,
+            "--series-budget" => o.series_budget_secs = walk.value()?.parse()?,
+            "--gap-max-ms" => o.gap_max_ms = walk.value()?.parse()?,
+            "--new-services" => o.new_services = walk.value()?.parse()?,
+            "--first-sync-timeout" => o.first_sync_timeout_secs = walk.value()?.parse()?,
+            "--change-timeout" => o.change_timeout_secs = walk.value()?.parse()?,
             "--dataplane-size" => {
-                let v = val()?;
+                let v = walk.value()?;
                 o.dataplane_size = if v == "none" {
                     None
                 } else {
                     Some(Size::parse(&v)?)
                 }
             }
-            "--dataplane-secs" => o.dataplane_secs = val()?.parse()?,
-            "--dataplane-reps" => o.dataplane_reps = val()?.parse()?,
-            "--settle" => o.settle_secs = val()?.parse()?,
-            "--floor-timeout" => o.floor_timeout_secs = val()?.parse()?,
-            "--cache" => o.cache = val()?.into(),
-            "--create-concurrency" => o.create_concurrency = val()?.parse()?,
+            "--dataplane-secs" => o.dataplane_secs = walk.value()?.parse()?,
+            "--dataplane-reps" => o.dataplane_reps = walk.value()?.parse()?,
+            "--settle" => o.settle_secs = walk.value()?.parse()?,
+            "--floor-timeout" => o.floor_timeout_secs = walk.value()?.parse()?,
+            "--cache" => o.cache = walk.value()?.into(),
+            "--create-concurrency" => o.create_concurrency = walk.value()?.parse()?,
             "--proxies" => {
-                o.proxies = val()?.split(',').map(|s| s.trim().to_string()).collect();
+                o.proxies = walk
+                    .value()?
+                    .split(',')
+                    .map(|s| s.trim().to_string())
+                    .collect();
                 for p in &o.proxies {
                     if p != "ours" && p != "upstream" {
                         bail!("--proxies: ours and/or upstream, not {p:?}");
