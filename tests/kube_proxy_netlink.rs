@@ -21,6 +21,7 @@ use kube_traffic::kube_proxy::nft::applied::Applied;
 use kube_traffic::kube_proxy::nft::netlink::{Netlink, NetlinkError};
 use kube_traffic::kube_proxy::nft::objects::{Object, Transaction};
 use kube_traffic::kube_proxy::nft::rule::{Rule, Stmt};
+use kube_traffic::kube_proxy::nft::stages::{stages, ANONYMOUS_SETS_PER_STAGE};
 use kube_traffic::kube_proxy::ruleset::adopt::{adopt, Adoption};
 use kube_traffic::kube_proxy::ruleset::sync::{KernelView, SyncKind};
 use kube_traffic::kube_proxy::testing::flows::{suites, Suite};
@@ -171,6 +172,53 @@ fn every_flow_suite_lists_the_same_through_netlink_as_through_nft() {
         }
     }
     assert!(count >= 20, "{count} suites");
+}
+
+/// A full sync written in stages (as on a node with no table) leaves the table one
+/// transaction leaves: every suite, and 600 Services, cut at several sizes.
+#[test]
+fn a_full_sync_in_stages_lists_the_same_as_in_one_transaction() {
+    if !can_run("kube_proxy_netlink") {
+        return;
+    }
+    let pair = Pair::new("stages");
+    let mut staged = 0;
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let mut cases: Vec<(String, Transaction)> = suites(family)
+            .iter()
+            .map(|suite| (format!("{} ({family})", suite.name), full_sync(suite).1))
+            .collect();
+        if family == IpFamily::V4 {
+            let settings = Net::of(family).settings();
+            let plan = scale_scenario(600, 3).plan(
+                &KernelView::new(),
+                &settings,
+                SyncKind::Full,
+                &HashSet::new(),
+            );
+            cases.push(("600 Services (IPv4)".into(), plan.tx));
+        }
+        for (what, tx) in cases {
+            for per_stage in [1, 7, ANONYMOUS_SETS_PER_STAGE] {
+                pair.reset();
+                pair.text
+                    .nft_stdin(&tx.text())
+                    .unwrap_or_else(|e| panic!("{what}: nft refused: {e}"));
+                let parts = stages(tx.clone(), per_stage);
+                staged += usize::from(parts.len() > 1);
+                for (i, part) in parts.iter().enumerate() {
+                    pair.netlink.apply_blocking(part).unwrap_or_else(|e| {
+                        panic!("{what}: stage {i} of {} refused: {e}", parts.len())
+                    });
+                }
+                pair.assert_same(family, &format!("{what}, stages of {per_stage}"));
+            }
+        }
+    }
+    assert!(
+        staged >= 15,
+        "{staged} cases written in more than one stage"
+    );
 }
 
 /// A suite's Services changed: one gains an external IP and an endpoint, one is removed.
@@ -331,11 +379,43 @@ fn scale_probe() {
     let view = KernelView::new();
     let plan = scenario.plan(&view, &settings, SyncKind::Full, &HashSet::new());
     let text = plan.tx.text();
+    if std::env::var_os("SHOW").is_some() {
+        eprintln!("{text}");
+    }
     eprintln!(
         "{n} Services x {e} endpoints: {} operations, {} bytes of text",
         plan.tx.len(),
         text.len()
     );
+
+    // The same transaction in stages of at most so many anonymous sets (STAGES, a list),
+    // each size in a fresh namespace: what a first sync on a node with no table sends.
+    let sizes = std::env::var("STAGES").unwrap_or_else(|_| ANONYMOUS_SETS_PER_STAGE.to_string());
+    for per_stage in sizes
+        .split(',')
+        .filter_map(|v| v.trim().parse::<usize>().ok())
+    {
+        let ns = Netns::new("scale-st").expect("a namespace");
+        let netlink = netlink_in(&ns);
+        let parts = stages(plan.tx.clone(), per_stage);
+        let count = parts.len();
+        let start = Instant::now();
+        let cpu = cpu_times(UsageWho::RUSAGE_SELF);
+        for part in &parts {
+            netlink
+                .apply_blocking(part)
+                .expect("the kernel takes each stage");
+        }
+        let cpu_after = cpu_times(UsageWho::RUSAGE_SELF);
+        eprintln!(
+            "netlink in {count} stages of <= {per_stage} anonymous sets: {:.2} s (user {:.2} s, kernel {:.2} s)",
+            start.elapsed().as_secs_f64(),
+            cpu_after.0 - cpu.0,
+            cpu_after.1 - cpu.1,
+        );
+        drop(netlink);
+        drop(ns);
+    }
 
     let ns = Netns::new("scale-nl").expect("a namespace");
     let netlink = netlink_in(&ns);

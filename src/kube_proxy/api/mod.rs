@@ -3,4 +3,5 @@
 pub mod node;
 pub mod objects;
 pub mod store;
+pub mod stream;
 pub mod watch;

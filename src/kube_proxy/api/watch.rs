@@ -21,13 +21,14 @@ use tokio_util::sync::CancellationToken;
 use super::node::NodeInfo;
 use super::objects::{read_service, read_slice, Refused};
 use super::store::Store;
+use super::stream::Watch;
 use crate::kube_proxy::metrics::ProxyMetrics;
 use crate::kube_proxy::model::{parse_cidr_sloppy, ServiceName};
 use crate::metrics::log_limit::ViolationLog;
 
 const SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 const HEADLESS: &str = "service.kubernetes.io/headless";
-/// Objects per page of a relist.
+/// Objects per page of a relist (where the apiserver does not stream it).
 const PAGE: u32 = 500;
 
 /// Counts and logs (at a bounded rate) what could not be used.
@@ -101,9 +102,7 @@ pub async fn services(
         .labels(&format!("!{SERVICE_PROXY_NAME}"))
         .fields("spec.clusterIP!=None")
         .page_size(PAGE);
-    let mut stream = watcher::watcher(Api::<Service>::all(client), config)
-        .default_backoff()
-        .boxed();
+    let mut stream = Watch::new(Api::<Service>::all(client), config, "Service");
     let mut relist: Option<HashSet<ServiceName>> = None;
     let mut synced = false;
     let apply = |svc: &Service, problems: &Problems| -> Option<ServiceName> {
@@ -126,7 +125,7 @@ pub async fn services(
             }
         }
     };
-    while let Some(event) = next(&mut stream, &stop).await {
+    while let Some(event) = stream.next(&stop).await {
         match event {
             Ok(Event::Init) => relist = Some(HashSet::new()),
             Ok(Event::InitApply(svc)) => {
@@ -170,9 +169,7 @@ pub async fn endpoint_slices(
     let config = watcher::Config::default()
         .labels(&format!("!{HEADLESS}"))
         .page_size(PAGE);
-    let mut stream = watcher::watcher(Api::<EndpointSlice>::all(client), config)
-        .default_backoff()
-        .boxed();
+    let mut stream = Watch::new(Api::<EndpointSlice>::all(client), config, "EndpointSlice");
     let mut relist: Option<HashSet<(String, String)>> = None;
     let mut synced = false;
     let slice_key = |s: &EndpointSlice| {
@@ -197,7 +194,7 @@ pub async fn endpoint_slices(
             }
         }
     };
-    while let Some(event) = next(&mut stream, &stop).await {
+    while let Some(event) = stream.next(&stop).await {
         match event {
             Ok(Event::Init) => relist = Some(HashSet::new()),
             Ok(Event::InitApply(slice)) => {

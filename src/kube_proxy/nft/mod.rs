@@ -11,4 +11,5 @@ pub mod names;
 pub mod netlink;
 pub mod objects;
 pub mod rule;
+pub mod stages;
 pub mod table;

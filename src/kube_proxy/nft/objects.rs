@@ -203,6 +203,11 @@ impl Verb {
 pub struct Transaction {
     pub family: IpFamily,
     pub ops: Vec<(Verb, Object)>,
+    /// Where set, the netlink batch names the anonymous sets itself (`__set<n>`, `__map<n>`,
+    /// counting from this) instead of asking the kernel for the lowest free number, which it
+    /// finds by scanning every set of the table for each one. Only for a table whose every
+    /// set name the writer knows: one it creates (`stages`).
+    pub anonymous_names_from: Option<u32>,
 }
 
 impl Transaction {
@@ -210,6 +215,7 @@ impl Transaction {
         Transaction {
             family,
             ops: Vec::new(),
+            anonymous_names_from: None,
         }
     }
 

@@ -194,6 +194,22 @@ impl Rule {
         self.render(family, &mut out);
         out
     }
+
+    /// How many anonymous sets and maps the kernel creates for this rule (its inline
+    /// `{ ... }`: a numgen map, a set of several prefixes).
+    pub fn anonymous_sets(&self) -> usize {
+        self.stmts
+            .iter()
+            .filter(|stmt| match stmt {
+                Stmt::PickVmap { .. } | Stmt::PickDnat { .. } => true,
+                Stmt::Addr {
+                    value: AddrValue::Anonymous(nets),
+                    ..
+                } => nets.len() > 1,
+                _ => false,
+            })
+            .count()
+    }
 }
 
 /// A mark as upstream formats it: Go's `%#08x`, so `0x00004000` for bit 14.

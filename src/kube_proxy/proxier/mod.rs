@@ -17,6 +17,8 @@ use crate::kube_proxy::metrics::ProxyMetrics;
 use crate::kube_proxy::model::{IpFamily, ServiceName};
 use crate::kube_proxy::nft::exec::{Applier, NftError};
 use crate::kube_proxy::nft::netlink::Netlink;
+use crate::kube_proxy::nft::objects::Transaction;
+use crate::kube_proxy::nft::stages::{stages, ANONYMOUS_SETS_PER_STAGE};
 use crate::kube_proxy::ruleset::adopt::{adopt, Adoption};
 use crate::kube_proxy::ruleset::settings::Settings;
 use crate::kube_proxy::ruleset::sync::{KernelView, Plan, SyncKind, Wanted};
@@ -198,10 +200,11 @@ impl Proxier {
             zone: self.settings.zone.as_deref(),
         };
         let mut plan = self.view.plan(&self.settings, kind, &wanted, &self.pending);
+        let mut no_table = false;
         if plan.kind == SyncKind::Full && std::mem::take(&mut self.may_adopt) {
             // nft's applier is left as it was: the table is replaced.
             if let Applier::Netlink(netlink) = &self.nft {
-                plan = adopt_table(netlink.clone(), self.family, plan).await;
+                (plan, no_table) = adopt_table(netlink.clone(), self.family, plan).await;
             }
         }
         let kind = plan.kind;
@@ -217,20 +220,40 @@ impl Proxier {
             tracing::trace!(ipFamily = family, transaction = %plan.tx.text(), "Running nftables transaction");
         }
         let operations = plan.tx.len();
-        let result = if plan.tx.is_empty() {
-            Ok(())
+        // A table that does not exist yet is written in stages (the kernel's cost of one
+        // transaction grows with the square of its size); any other full sync replaces the
+        // table in one, atomic for packets.
+        let tx = std::mem::replace(&mut plan.tx, Transaction::new(self.family));
+        let parts = if no_table {
+            stages(tx, ANONYMOUS_SETS_PER_STAGE)
         } else {
-            self.nft.run(&plan.tx).await.map(|_| ())
+            vec![tx]
         };
+        if parts.len() > 1 {
+            tracing::info!(
+                v = 2,
+                ipFamily = family,
+                operations,
+                stages = parts.len(),
+                "Writing the new nftables table in stages"
+            );
+        }
+        let mut failed = None;
+        for part in parts.iter().filter(|p| !p.is_empty()) {
+            if let Err(e) = self.nft.run(part).await {
+                failed = Some((e, part));
+                break;
+            }
+        }
         let elapsed = start.elapsed();
-        let ok = match result {
-            Ok(()) => {
+        let ok = match failed {
+            None => {
                 self.view.commit(plan, Instant::now());
                 self.after_success(kind, start, elapsed, operations);
                 true
             }
-            Err(e) => {
-                self.after_failure(&e, &plan.tx);
+            Some((e, part)) => {
+                self.after_failure(&e, part);
                 false
             }
         };
@@ -292,11 +315,7 @@ impl Proxier {
         }
     }
 
-    fn after_failure(
-        &mut self,
-        error: &NftError,
-        tx: &crate::kube_proxy::nft::objects::Transaction,
-    ) {
+    fn after_failure(&mut self, error: &NftError, tx: &Transaction) {
         let family = self.family.api();
         self.metrics
             .nftables_sync_failures
@@ -375,18 +394,19 @@ impl Proxier {
 /// The full sync's plan, or what adopts the table a previous run left instead: read
 /// back, compared, and repaired. No table, a failed read or a table that only replacing
 /// can fix: the full sync as planned.
-async fn adopt_table(netlink: Netlink, ip_family: IpFamily, plan: Plan) -> Plan {
+/// Also says whether the kernel has no table at all.
+async fn adopt_table(netlink: Netlink, ip_family: IpFamily, plan: Plan) -> (Plan, bool) {
     let family = ip_family.api();
     let start = Instant::now();
     let listing = match netlink.read_table(ip_family).await {
         Ok(Some(listing)) => listing,
         Ok(None) => {
             tracing::info!(ipFamily = family, "No nftables table to adopt; writing it");
-            return plan;
+            return (plan, true);
         }
         Err(e) => {
             tracing::warn!(ipFamily = family, error = %e, "Unable to read the nftables table back; replacing it");
-            return plan;
+            return (plan, false);
         }
     };
     let read = GoDuration(start.elapsed());
@@ -416,7 +436,7 @@ async fn adopt_table(netlink: Netlink, ip_family: IpFamily, plan: Plan) -> Plan 
             "Replacing the nftables table a previous run left: {reason}"
         ),
     }
-    plan
+    (plan, false)
 }
 
 pub fn unix_seconds(t: SystemTime) -> f64 {

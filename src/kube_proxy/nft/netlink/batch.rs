@@ -107,6 +107,9 @@ struct Encoder {
     origins: Vec<u32>,
     ids: Ids,
     op: u32,
+    /// The next anonymous set's number, where this batch names them (see
+    /// `Transaction::anonymous_names_from`).
+    anonymous_name: Option<u32>,
 }
 
 impl Encoder {
@@ -217,15 +220,35 @@ impl Encoder {
                 }
                 for set in &lowered.anonymous {
                     let m = self.begin(NFT_MSG_NEWSET, NLM_F_CREATE);
-                    set.decl.write(&mut self.w, TABLE);
-                    self.w.end(m);
-                    self.elements(
-                        NFT_MSG_NEWSETELEM,
-                        NLM_F_CREATE,
-                        &set.decl.name,
-                        Some(set.decl.id),
-                        &set.elements,
-                    );
+                    match self.anonymous_name {
+                        Some(n) => {
+                            // The set's elements then go by the batch's id alone: a name
+                            // would be looked up by a scan of every set of the table.
+                            self.anonymous_name = Some(n.wrapping_add(1));
+                            let mut decl = set.decl.clone();
+                            decl.name = format!("{}{n}", decl.name.trim_end_matches("%d"));
+                            decl.write(&mut self.w, TABLE);
+                            self.w.end(m);
+                            self.elements(
+                                NFT_MSG_NEWSETELEM,
+                                NLM_F_CREATE,
+                                None,
+                                Some(set.decl.id),
+                                &set.elements,
+                            );
+                        }
+                        None => {
+                            set.decl.write(&mut self.w, TABLE);
+                            self.w.end(m);
+                            self.elements(
+                                NFT_MSG_NEWSETELEM,
+                                NLM_F_CREATE,
+                                Some(&set.decl.name),
+                                Some(set.decl.id),
+                                &set.elements,
+                            );
+                        }
+                    }
                 }
                 let m = self.begin(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND);
                 self.w.put_strz(NFTA_RULE_TABLE, TABLE);
@@ -267,7 +290,7 @@ impl Encoder {
                 self.elements(
                     NFT_MSG_NEWSETELEM,
                     NLM_F_CREATE,
-                    set,
+                    Some(set),
                     Some(id),
                     std::slice::from_ref(&element),
                 );
@@ -282,7 +305,7 @@ impl Encoder {
                 self.elements(
                     NFT_MSG_DELSETELEM,
                     0,
-                    set,
+                    Some(set),
                     None,
                     std::slice::from_ref(&element),
                 );
@@ -320,13 +343,15 @@ impl Encoder {
         &mut self,
         kind: u16,
         flags: u16,
-        set: &str,
+        set: Option<&str>,
         id: Option<u32>,
         elements: &[Element],
     ) {
         let m = self.begin(kind, flags);
         self.w.put_strz(NFTA_SET_ELEM_LIST_TABLE, TABLE);
-        self.w.put_strz(NFTA_SET_ELEM_LIST_SET, set);
+        if let Some(set) = set {
+            self.w.put_strz(NFTA_SET_ELEM_LIST_SET, set);
+        }
         if let Some(id) = id {
             self.w.put_be32(NFTA_SET_ELEM_LIST_SET_ID, id);
         }
@@ -382,6 +407,7 @@ pub fn encode(tx: &Transaction, options: Options) -> Result<Batch, EncodeFailure
         origins: Vec::with_capacity(tx.ops.len() + 16),
         ids: Ids::default(),
         op: 0,
+        anonymous_name: tx.anonymous_names_from,
     };
     // The batch's own messages are for the nftables subsystem, of no family, and are never
     // acknowledged (the kernel answers the begin only when it refuses the whole batch).
