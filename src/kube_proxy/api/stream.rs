@@ -45,6 +45,11 @@ where
         }
     }
 
+    /// Whether the initial lists are streamed (false once the apiserver refused that).
+    pub fn streaming(&self) -> bool {
+        self.streaming
+    }
+
     /// The next event (errors included: the watcher retries them with back-off), or `None`
     /// once `stop` is cancelled.
     pub async fn next(
