@@ -10,6 +10,9 @@ use crate::opts::Opts;
 use crate::report::{agent_row, path_row, summary_tables};
 use crate::results::{cell, ratio, usable, values, workload_names, Record};
 
+/// results.json's key for the kube-proxy part.
+pub const JSON_KEY: &str = "kube_proxy";
+
 pub struct Info {
     pub date: String,
     pub cores: usize,
@@ -205,7 +208,7 @@ pub fn write_json(opts: &Opts, records: &[Record], info: &Info, total: f64) -> R
     let kept = std::fs::read_to_string(&path)
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v.get(crate::kp::JSON_KEY).cloned());
+        .and_then(|v| v.get(JSON_KEY).cloned());
     let mut v = serde_json::json!({
         "quick": opts.quick,
         "rounds": opts.rounds,
@@ -220,7 +223,7 @@ pub fn write_json(opts: &Opts, records: &[Record], info: &Info, total: f64) -> R
         "records": json_escape_records(records),
     });
     if let Some(k) = kept {
-        v[crate::kp::JSON_KEY] = k;
+        v[JSON_KEY] = k;
     }
     std::fs::write(&path, serde_json::to_string_pretty(&v)?)?;
     Ok(())

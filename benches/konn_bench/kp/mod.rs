@@ -20,6 +20,8 @@
 #[path = "../../../tests/kube_proxy/mod.rs"]
 pub mod harness;
 
+mod cells;
+mod info;
 mod measure;
 mod netns;
 mod opts;
@@ -42,7 +44,7 @@ use measure::{run_one, Which};
 use opts::Opts;
 
 pub use netns::sink_main;
-pub use splice::{split_section, JSON_KEY};
+pub use splice::split_section;
 
 /// Runs a command to completion; an error with its stderr when it fails.
 pub fn run_cmd(program: &str, args: &[&OsStr]) -> Result<()> {
@@ -102,10 +104,10 @@ fn hard_cleanup(tmp: &Path) {
     let _ = std::fs::remove_dir_all(tmp);
 }
 
-fn info(opts: &Opts, total: f64) -> report::Info {
+fn info(opts: &Opts, total: f64) -> info::Info {
     let m = crate::output::machine(&opts.repo);
     let versions = std::fs::read_to_string(opts.kube_bin_dir.join("VERSIONS")).unwrap_or_default();
-    report::Info {
+    info::Info {
         date: m.date,
         machine: format!(
             "{} cores ({}), {} RAM, Linux {}",

@@ -5,8 +5,9 @@ use std::path::Path;
 
 use anyhow::Result;
 
+use super::info::Info;
 use super::opts::{Opts, Size};
-use super::report::Info;
+use crate::output::JSON_KEY;
 use crate::results::Record;
 
 /// Marks the section in RESULTS.md, so the Konnectivity part's writer keeps it and this
@@ -14,8 +15,6 @@ use crate::results::Record;
 pub const BEGIN: &str =
     "<!-- kube-proxy: begin (written by `benches/run --kube-proxy`; kept by the Konnectivity part) -->";
 pub const END: &str = "<!-- kube-proxy: end -->";
-/// results.json's key for this part.
-pub const JSON_KEY: &str = "kube_proxy";
 
 pub fn json(opts: &Opts, records: &[Record], info: &Info) -> serde_json::Value {
     serde_json::json!({

@@ -3,8 +3,8 @@
 
 use std::fmt::Write as _;
 
+use super::cells::{all_vals, ratio_cell, short};
 use super::opts::{Opts, Size};
-use super::report::{all_vals, ratio_cell, short};
 use crate::results::{fmt_num, median, Record, Val};
 
 pub fn sizes_in(records: &[Record], opts: &Opts) -> Vec<Size> {
