@@ -12,6 +12,7 @@ use kube_traffic::kube_proxy::config::load::{self, WriteFormat};
 use kube_traffic::kube_proxy::config::print_flags;
 use kube_traffic::kube_proxy::config::ProxyConfig;
 use kube_traffic::kube_proxy::trace_cli;
+use kube_traffic::lifecycle::startup_pages;
 
 // jemalloc (see src/allocator.rs), installed by the binary as the other programs do.
 #[cfg(feature = "jemalloc")]
@@ -110,6 +111,8 @@ fn start() -> ExitCode {
     if options.check_config {
         return cli::check_result(options.config.as_deref(), Ok(()));
     }
+    // Before the runtime's threads exist: see lifecycle::startup_pages.
+    let startup = startup_pages::capture();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
         .enable_all()
@@ -134,7 +137,7 @@ fn start() -> ExitCode {
             tracing::info!("System initialized and --init-only specified");
             return Ok(());
         }
-        kube_proxy::service::run_service(cli, config_file, config).await
+        kube_proxy::service::run_service(cli, config_file, config, startup).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

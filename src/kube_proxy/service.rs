@@ -15,6 +15,7 @@ use super::config::ProxyConfig;
 use super::options::KubeProxyOptions;
 use super::run::{self, RunError, RunningProxy};
 use crate::config::CommandLine;
+use crate::lifecycle::startup_pages::{self, StartupMappings};
 use crate::lifecycle::{systemd, watch};
 use crate::logging;
 
@@ -91,6 +92,10 @@ async fn reload(
     }
 }
 
+/// The pause between READY and giving back start-up's pages: the first partial syncs and
+/// health checks after the first sync run in it and would only map their pages again.
+const SETTLE_BEFORE_RELEASE: Duration = Duration::from_secs(2);
+
 /// Runs until SIGTERM or SIGINT (exit 0; the rules stay), or until the node changes in a way
 /// that needs a new process (an error, exit 1, as upstream).
 /// `config_file` is the file the configuration was read from (watched for changes).
@@ -98,6 +103,7 @@ pub async fn run_service(
     cli: CommandLine<KubeProxyOptions>,
     config_file: Option<std::path::PathBuf>,
     config: ProxyConfig,
+    startup: Option<StartupMappings>,
 ) -> Result<(), RunError> {
     let mut signals = Signals::new([SIGHUP, SIGTERM, SIGINT])
         .map_err(|e| RunError::Fatal(format!("signals: {e}")))?;
@@ -120,6 +126,15 @@ pub async fn run_service(
             }
             tracing::info!(status = %shared.status_line(), "rules programmed; ready");
             systemd::ready(&shared.status_line());
+            // Start-up's code (flags, config, the first lists and the full sync's render)
+            // does not run again until a reload; its pages are most of an idle proxy's RSS.
+            if let Some(startup) = startup {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(SETTLE_BEFORE_RELEASE) => {}
+                }
+                startup_pages::release(startup);
+            }
         });
     }
     // The watchdog is pinged only while the syncs are healthy.

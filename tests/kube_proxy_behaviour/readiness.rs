@@ -126,6 +126,34 @@ pub(crate) fn readiness(h: &mut Harness) {
         p("client", "tcp", "10.96.24.1", 80, all(&["pod1<-masq"])),
         p("client", "tcp", NODE_IP, 30090, all(&["pod1<-masq"])),
     ]);
+    // Once READY has settled, the pages of start-up code are given back; the proxy runs on
+    // (a new Service after it is programmed and answers).
+    let released = wait_until(
+        "the start-up pages released after READY",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            log_records(h, i, "released the pages of start-up code")
+                .into_iter()
+                .next()
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}; log:\n{}", h.sides[i].proxy.log_tail(20)));
+    let bytes: u64 = released
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("bytes="))
+        .and_then(|v| v.trim_matches('"').parse().ok())
+        .unwrap_or(0);
+    if bytes == 0 {
+        h.fail(format!("no start-up pages given back: {released}"));
+    }
+    note(format!("readiness: after READY, {released}"));
+    h.api().create_service(
+        &Svc::cluster_ip("after-release", "10.96.24.2").port("http", Tcp, 80, 8080),
+    );
+    h.api().create_slice(&echo_slice("after-release", &[POD1]));
+    h.settle();
+    h.probe(&[p("client", "tcp", "10.96.24.2", 80, all(&["pod1<-masq"]))]);
     h.sides[i].proxy.signal("-TERM");
     notify
         .set_read_timeout(Some(Duration::from_secs(15)))
