@@ -41,15 +41,7 @@ pub fn cell(v: &[Val], timeout: bool) -> String {
     let med = median(&xs);
     let lo = xs.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let bound = if v.iter().any(|x| x.censored) {
-        if timeout {
-            "> "
-        } else {
-            "≥ "
-        }
-    } else {
-        ""
-    };
+    let bound = bound(v, timeout);
     let value = if xs.len() == 1 || lo == hi {
         fmt_num(med)
     } else {
@@ -89,14 +81,16 @@ pub fn short(v: &[Val], timeout: bool) -> String {
     if xs.is_empty() {
         return "—".into();
     }
-    let bound = if v.iter().any(|x| x.censored) {
-        if timeout {
-            "> "
-        } else {
-            "≥ "
-        }
-    } else {
-        ""
-    };
+    let bound = bound(v, timeout);
     format!("{bound}{}", fmt_num(median(&xs)))
+}
+
+/// The mark of a value that is a bound: "> " for a timeout, "≥ " for a percentile that hit
+/// one, nothing for a measured value.
+fn bound(v: &[Val], timeout: bool) -> &'static str {
+    match (v.iter().any(|x| x.censored), timeout) {
+        (false, _) => "",
+        (true, true) => "> ",
+        (true, false) => "≥ ",
+    }
 }
