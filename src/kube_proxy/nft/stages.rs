@@ -15,44 +15,71 @@
 //! with the square of the table (at 10,000 x 10, 12 s of kernel time in stages without it,
 //! 7 s with it).
 
-use super::objects::{Object, Transaction};
+use super::objects::{Object, Transaction, Verb};
+use crate::kube_proxy::model::IpFamily;
 
 /// Anonymous sets per stage: large enough that the commits' own cost stays small, small
 /// enough that the walk does not dominate (at 10,000 x 10, stages of 250, 500 and 1,000
 /// took 7.3, 7.2 and 7.5 s: tests/kube_proxy_netlink.rs, `scale_probe`).
 pub const ANONYMOUS_SETS_PER_STAGE: usize = 500;
 
-/// `tx`, which creates its table, in consecutive transactions of at most `per_stage`
+/// `tx`, which creates its table, as consecutive transactions of at most `per_stage`
 /// anonymous sets each (a rule with more than that is a stage of its own; one transaction
 /// when it has no more than that), each naming its anonymous sets after the previous ones'.
-pub fn stages(tx: Transaction, per_stage: usize) -> Vec<Transaction> {
-    let per_stage = per_stage.max(1);
-    let family = tx.family;
-    let stage_from = |named: u32| Transaction {
-        anonymous_names_from: Some(named),
-        ..Transaction::new(family)
-    };
-    let mut out = Vec::new();
-    let mut named = 0u32;
-    let mut stage = stage_from(named);
-    let mut anonymous = 0;
-    for (verb, object) in tx.ops {
-        let here = match &object {
-            Object::Rule { rule, .. } => rule.anonymous_sets(),
-            _ => 0,
-        };
-        if anonymous > 0 && anonymous + here > per_stage {
-            named = named.saturating_add(u32::try_from(anonymous).unwrap_or(u32::MAX));
-            out.push(std::mem::replace(&mut stage, stage_from(named)));
-            anonymous = 0;
+///
+/// The stages are cut as they are asked for, moving the operations out of `tx`: a stage
+/// applied and dropped gives its memory back before the next one is built, so the whole
+/// transaction is never held twice.
+pub fn stages(tx: Transaction, per_stage: usize) -> Stages {
+    Stages {
+        family: tx.family,
+        ops: tx.ops.into_iter().peekable(),
+        per_stage: per_stage.max(1),
+        named: 0,
+        started: false,
+    }
+}
+
+/// The stages of one transaction, in the order they go in (`stages`).
+pub struct Stages {
+    family: IpFamily,
+    ops: std::iter::Peekable<std::vec::IntoIter<(Verb, Object)>>,
+    per_stage: usize,
+    /// Anonymous sets named by the stages so far.
+    named: u32,
+    started: bool,
+}
+
+impl Iterator for Stages {
+    type Item = Transaction;
+
+    fn next(&mut self) -> Option<Transaction> {
+        // An empty transaction is one empty stage.
+        if self.started && self.ops.peek().is_none() {
+            return None;
         }
-        anonymous += here;
-        stage.ops.push((verb, object));
+        self.started = true;
+        let mut stage = Transaction {
+            anonymous_names_from: Some(self.named),
+            ..Transaction::new(self.family)
+        };
+        let mut anonymous = 0;
+        while let Some((_, object)) = self.ops.peek() {
+            let here = match object {
+                Object::Rule { rule, .. } => rule.anonymous_sets(),
+                _ => 0,
+            };
+            if anonymous > 0 && anonymous + here > self.per_stage {
+                break;
+            }
+            anonymous += here;
+            stage.ops.extend(self.ops.next());
+        }
+        self.named = self
+            .named
+            .saturating_add(u32::try_from(anonymous).unwrap_or(u32::MAX));
+        Some(stage)
     }
-    if !stage.is_empty() || out.is_empty() {
-        out.push(stage);
-    }
-    out
 }
 
 #[cfg(test)]

@@ -224,23 +224,22 @@ impl Proxier {
         // transaction grows with the square of its size); any other full sync replaces the
         // table in one, atomic for packets.
         let tx = std::mem::replace(&mut plan.tx, Transaction::new(self.family));
-        let parts = if no_table {
-            stages(tx, ANONYMOUS_SETS_PER_STAGE)
-        } else {
-            vec![tx]
-        };
-        if parts.len() > 1 {
+        let parts: Box<dyn Iterator<Item = Transaction> + Send> = if no_table {
             tracing::info!(
                 v = 2,
                 ipFamily = family,
                 operations,
-                stages = parts.len(),
+                anonymousSetsPerStage = ANONYMOUS_SETS_PER_STAGE,
                 "Writing the new nftables table in stages"
             );
-        }
+            Box::new(stages(tx, ANONYMOUS_SETS_PER_STAGE))
+        } else {
+            Box::new(std::iter::once(tx))
+        };
         let mut failed = None;
-        for part in parts.iter().filter(|p| !p.is_empty()) {
-            if let Err(e) = self.nft.run(part).await {
+        // Each stage is dropped once the kernel has it, before the next is cut.
+        for part in parts.filter(|p| !p.is_empty()) {
+            if let Err(e) = self.nft.run(&part).await {
                 failed = Some((e, part));
                 break;
             }
@@ -253,7 +252,7 @@ impl Proxier {
                 true
             }
             Some((e, part)) => {
-                self.after_failure(&e, part);
+                self.after_failure(&e, &part);
                 false
             }
         };
@@ -395,10 +394,14 @@ impl Proxier {
 /// back, compared, and repaired. No table, a failed read or a table that only replacing
 /// can fix: the full sync as planned.
 /// Also says whether the kernel has no table at all.
-async fn adopt_table(netlink: Netlink, ip_family: IpFamily, plan: Plan) -> (Plan, bool) {
+async fn adopt_table(netlink: Netlink, ip_family: IpFamily, mut plan: Plan) -> (Plan, bool) {
     let family = ip_family.api();
     let start = Instant::now();
-    let listing = match netlink.read_table(ip_family).await {
+    // The planned transaction goes along so that the maps it would write need not be read.
+    let wanted = Arc::new(std::mem::replace(&mut plan.tx, Transaction::new(ip_family)));
+    let read = netlink.read_table_wanting(ip_family, wanted.clone()).await;
+    plan.tx = Arc::try_unwrap(wanted).unwrap_or_else(|shared| (*shared).clone());
+    let listing = match read {
         Ok(Some(listing)) => listing,
         Ok(None) => {
             tracing::info!(ipFamily = family, "No nftables table to adopt; writing it");
@@ -417,6 +420,7 @@ async fn adopt_table(netlink: Netlink, ip_family: IpFamily, plan: Plan) -> (Plan
         Adoption::Adopted { chains } => tracing::info!(
             ipFamily = family,
             chains,
+            knownMaps = stats.known_maps,
             read = %read,
             elapsed = %total,
             "Adopted the nftables table a previous run left ({chains} chains): it is the one wanted"

@@ -396,6 +396,10 @@ impl KernelView {
             *self = KernelView::default();
         }
         self.built = true;
+        // Grown once to its size rather than by doubling: at a full sync every Service and
+        // key is inserted, and each doubling would hold the old table beside the new.
+        self.services.reserve(commit.services.len());
+        self.slots.reserve(commit.slots.len());
         for (name, owned) in commit.services {
             if let Some(old) = self.services.remove(&name) {
                 self.no_local_internal -= old.no_local_internal;

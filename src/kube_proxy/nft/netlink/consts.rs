@@ -240,6 +240,11 @@ pub const UDATA_SET_KEY_TYPEOF: u8 = 3;
 pub const UDATA_SET_DATA_TYPEOF: u8 = 4;
 pub const UDATA_SET_DATA_INTERVAL: u8 = 6;
 pub const UDATA_SET_COMMENT: u8 = 7;
+/// Ours, not libnftnl's: a `numgen` map's SHA-256 of its elements (the first 16 bytes), so
+/// that a table read back after a restart need not ask for the elements of every such map,
+/// one request each, when the wanted map has the same digest (`read`). nft skips userdata
+/// types it does not know; the number is far above the ones libnftnl defines.
+pub const UDATA_SET_CONTENT_DIGEST: u8 = 0xd1;
 pub const UDATA_SET_TYPEOF_EXPR: u8 = 0;
 pub const UDATA_SET_TYPEOF_DATA: u8 = 1;
 pub const UDATA_SET_ELEM_FLAGS: u8 = 1;

@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use super::consts::*;
 use super::element::ElementValue;
 use super::parse::{self, Malformed, Table as Attrs};
+use super::sets::ContentDigest;
 use crate::kube_proxy::model::Protocol;
 use crate::kube_proxy::nft::objects::{BaseChain, ChainType, Hook, Key, SetKind, SetSpec, Verdict};
 use crate::kube_proxy::nft::table::Chain;
@@ -109,6 +110,8 @@ pub struct RawSet {
     pub comment: Option<String>,
     /// Expressions attached to the set (per-element counters and the like).
     pub expressions: bool,
+    /// The digest of its elements a `numgen` map we wrote carries (`sets::content_digest`).
+    pub digest: Option<ContentDigest>,
 }
 
 pub fn set(t: &Attrs<'_>) -> Result<RawSet, Malformed> {
@@ -131,6 +134,10 @@ pub fn set(t: &Attrs<'_>) -> Result<RawSet, Malformed> {
             || t.has(NFTA_SET_EXPRESSIONS)
             || t.has(NFTA_SET_OBJ_TYPE)
             || flags & (NFT_SET_EXPR | NFT_SET_OBJECT) != 0,
+        digest: t
+            .get(NFTA_SET_USERDATA)
+            .and_then(|u| parse::udata(u, UDATA_SET_CONTENT_DIGEST))
+            .and_then(|d| d.try_into().ok()),
     })
 }
 

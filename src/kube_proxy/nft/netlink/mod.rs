@@ -247,19 +247,41 @@ impl Netlink {
         })
     }
 
-    /// Reads `family`'s table back (None: there is none). Blocks.
-    pub fn read_table_blocking(&self, family: IpFamily) -> Result<Option<Listing>, ReadError> {
+    /// Reads `family`'s table back (None: there is none). Blocks. `wanted`: the transaction
+    /// that would write the table as wanted, whose maps' elements need not be read (`read`).
+    pub fn read_table_blocking(
+        &self,
+        family: IpFamily,
+        wanted: Option<&Transaction>,
+    ) -> Result<Option<Listing>, ReadError> {
         let first = self
             .next_sequence
             .fetch_add(SEQUENCE_STRIDE, Ordering::Relaxed);
         let mut socket = self.socket.lock().unwrap_or_else(|p| p.into_inner());
-        read::read(&mut socket, family, first)
+        read::read(&mut socket, family, first, wanted)
+    }
+
+    /// Reads `family`'s table back from async code, on a blocking thread, knowing the
+    /// transaction that would write it as wanted (`read_table_blocking`).
+    pub async fn read_table_wanting(
+        &self,
+        family: IpFamily,
+        wanted: Arc<Transaction>,
+    ) -> Result<Option<Listing>, ReadError> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.read_table_blocking(family, Some(&wanted)))
+            .await
+            .map_err(|e| {
+                ReadError::Socket(SocketError::Receive(io::Error::other(format!(
+                    "the reading thread failed: {e}"
+                ))))
+            })?
     }
 
     /// Reads `family`'s table back from async code, on a blocking thread.
     pub async fn read_table(&self, family: IpFamily) -> Result<Option<Listing>, ReadError> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.read_table_blocking(family))
+        tokio::task::spawn_blocking(move || this.read_table_blocking(family, None))
             .await
             .map_err(|e| {
                 ReadError::Socket(SocketError::Receive(io::Error::other(format!(

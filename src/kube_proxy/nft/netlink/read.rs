@@ -10,6 +10,13 @@
 //!
 //! The kernel's answers are read with bounded sizes: a dump larger than any table the proxy
 //! writes is refused rather than held.
+//!
+//! Elements are asked for one set at a time, and the kernel finds each set by walking the
+//! table's list of sets: at 10,000 Service ports, 10,000 requests of half a millisecond of
+//! kernel time each. A `numgen` map that this program wrote carries a digest of its
+//! elements (`sets::content_digest`); given the transaction the proxy wants, a map whose
+//! digest is one of that transaction's maps' takes its elements from there, unasked.
+//! Anonymous maps are constant once their rule holds them, so the digest stays true.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -21,13 +28,14 @@ use netlink_packet_core::{
 use super::attr::Writer;
 use super::consts::*;
 use super::decode::{self, RawElement, RawSet};
+use super::lower::{self, SetIds};
 use super::parse::{self, Malformed, Message};
-use super::sets::FamilyInfo;
+use super::sets::{self, ContentDigest, FamilyInfo};
 use super::socket::{NfSocket, SocketError};
 use super::unexpr::{self, Item};
 use super::unlower::{self, Anonymous};
 use crate::kube_proxy::model::IpFamily;
-use crate::kube_proxy::nft::objects::{SetKind, TABLE};
+use crate::kube_proxy::nft::objects::{Object, SetKind, Transaction, Verb, TABLE};
 use crate::kube_proxy::nft::rule::Rule;
 use crate::kube_proxy::nft::table::{Element, Set, Table};
 
@@ -60,6 +68,10 @@ pub struct ReadStats {
     pub rules: usize,
     pub sets: usize,
     pub anonymous_sets: usize,
+    /// Anonymous maps that carry a digest of their elements (written by this program).
+    pub digests: usize,
+    /// Of those, the maps whose elements were known by their digest, not asked for.
+    pub known_maps: usize,
     pub elements: usize,
     /// Reads begun again because the ruleset changed meanwhile.
     pub retries: usize,
@@ -105,11 +117,13 @@ impl From<Interrupted> for Failure {
     }
 }
 
-/// Reads `family`'s table; None when there is none.
+/// Reads `family`'s table; None when there is none. `wanted`, the transaction the reader
+/// would write, names the maps whose elements need not be asked for.
 pub fn read(
     socket: &mut NfSocket,
     family: IpFamily,
     first_sequence: u32,
+    wanted: Option<&Transaction>,
 ) -> Result<Option<Listing>, ReadError> {
     let mut reader = Reader {
         socket,
@@ -117,6 +131,8 @@ pub fn read(
         sequence: first_sequence,
         stats: ReadStats::default(),
         objects: 0,
+        wanted,
+        known: None,
     };
     for attempt in 0..ATTEMPTS {
         reader.stats.retries = attempt;
@@ -144,6 +160,60 @@ struct Reader<'a> {
     sequence: u32,
     stats: ReadStats,
     objects: usize,
+    wanted: Option<&'a Transaction>,
+    /// `wanted`'s maps by digest, made when the first map with a digest is read.
+    known: Option<HashMap<ContentDigest, Vec<RawElement>>>,
+}
+
+/// The `numgen` maps `tx` writes, each one's elements as the kernel would answer them, by
+/// their digest.
+fn known_maps(tx: &Transaction) -> HashMap<ContentDigest, Vec<RawElement>> {
+    /// Lowering a rule alone: set ids do not matter here.
+    struct NoIds;
+    impl SetIds for NoIds {
+        fn named(&mut self, _: &str) -> u32 {
+            0
+        }
+        fn fresh(&mut self) -> u32 {
+            0
+        }
+    }
+    let family = FamilyInfo::of(tx.family);
+    let mut out = HashMap::new();
+    for (verb, object) in &tx.ops {
+        let (Verb::Add, Object::Rule { rule, .. }) = (verb, object) else {
+            continue;
+        };
+        if rule.anonymous_sets() == 0 {
+            continue;
+        }
+        let Ok(lowered) = lower::rule(family, rule, &mut NoIds) else {
+            continue;
+        };
+        for set in lowered.anonymous {
+            if parse::udata(&set.decl.udata, UDATA_SET_CONTENT_DIGEST).is_none() {
+                continue;
+            }
+            let elements = set
+                .elements
+                .iter()
+                .map(|e| {
+                    let udata = e.udata.as_deref().unwrap_or_default();
+                    RawElement {
+                        key: e.key.clone(),
+                        value: e.value.clone(),
+                        interval_end: e.interval_end,
+                        open: parse::udata_u32(udata, UDATA_SET_ELEM_FLAGS)
+                            .is_some_and(|f| f & UDATA_SET_ELEM_F_INTERVAL_OPEN != 0),
+                        comment: parse::udata_comment(udata, UDATA_SET_ELEM_COMMENT),
+                        odd: None,
+                    }
+                })
+                .collect();
+            out.insert(sets::content_digest(&set.elements), elements);
+        }
+    }
+    out
 }
 
 fn malformed(what: &str) -> impl Fn(Malformed) -> ReadError + '_ {
@@ -347,7 +417,26 @@ impl Reader<'_> {
         self.count(sets.len())?;
         let mut anonymous = HashMap::new();
         for set in sets {
-            let elements = self.elements(&set.name)?;
+            if set.anonymous() && set.digest.is_some() {
+                self.stats.digests += 1;
+            }
+            let known = match (set.anonymous(), set.digest, self.wanted) {
+                (true, Some(digest), Some(wanted)) => self
+                    .known
+                    .get_or_insert_with(|| known_maps(wanted))
+                    .get(&digest)
+                    .cloned(),
+                _ => None,
+            };
+            let elements = match known {
+                Some(elements) => {
+                    self.stats.known_maps += 1;
+                    self.count(elements.len())?;
+                    self.stats.elements += elements.len();
+                    elements
+                }
+                None => self.elements(&set.name)?,
+            };
             if set.anonymous() {
                 self.stats.anonymous_sets += 1;
                 anonymous.insert(set.name.clone(), Anonymous { set, elements });

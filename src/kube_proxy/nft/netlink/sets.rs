@@ -364,6 +364,7 @@ fn numgen_map(id: u32, data: (u32, u32), values: Vec<ElementValue>, verdicts: bo
             udata: None,
         })
         .collect();
+    udata.put(UDATA_SET_CONTENT_DIGEST, &content_digest(&elements));
     AnonSet {
         decl: SetDecl {
             name: "__map%d".into(),
@@ -379,6 +380,43 @@ fn numgen_map(id: u32, data: (u32, u32), values: Vec<ElementValue>, verdicts: bo
         elements,
     }
 }
+
+/// The digest a map's userdata carries of its elements (`UDATA_SET_CONTENT_DIGEST`): of
+/// every element's key, flag, value and userdata, each field preceded by its length, so
+/// that no two lists of elements write the same bytes.
+pub fn content_digest(elements: &[Element]) -> ContentDigest {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update(u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_le_bytes());
+        h.update(bytes);
+    };
+    for e in elements {
+        field(&e.key);
+        field(&[u8::from(e.interval_end)]);
+        match &e.value {
+            None => field(&[0]),
+            Some(ElementValue::Verdict { code, chain }) => {
+                field(&[1]);
+                field(&code.to_le_bytes());
+                field(chain.as_deref().unwrap_or("").as_bytes());
+            }
+            Some(ElementValue::Data(bytes)) => {
+                field(&[2]);
+                field(bytes);
+            }
+        }
+        field(e.udata.as_deref().unwrap_or(&[]));
+    }
+    let full = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
+}
+
+/// The first half of a SHA-256: collisions need 2^64 work, and only the node's root can
+/// write a table anyway.
+pub type ContentDigest = [u8; 16];
 
 /// `numgen random mod N vmap { 0 : goto c0 , ... }`.
 pub fn numgen_vmap(id: u32, chains: &[String]) -> AnonSet {

@@ -3,7 +3,9 @@
 //! message and attribute for attribute. Only what nft picks per run differs and is
 //! normalised away: sequence numbers, and the numbers of sets within the batch (compared by
 //! the order they first appear in, so that every reference still has to point at the right
-//! set). The batch's begin and end are compared too.
+//! set). The batch's begin and end are compared too. The one addition of ours, a `numgen`
+//! map's digest of its elements in its userdata, is taken out before comparing, and checked
+//! on its own.
 
 use std::fmt::Write as _;
 
@@ -133,6 +135,14 @@ fn attributes(
         } else if is_set_id(message_type, path, name.as_deref()) {
             let _ = writeln!(out, "{indent}{kind}: {}", ids.id(value));
         } else {
+            let without;
+            let value =
+                if u16::from(message_type) == NFT_MSG_NEWSET && path[..] == [NFTA_SET_USERDATA] {
+                    without = without_digest(value);
+                    &without[..]
+                } else {
+                    value
+                };
             let hex: String = value.iter().map(|b| format!("{b:02x}")).collect();
             let _ = writeln!(out, "{indent}{kind}: {hex}");
             if path.len() >= 3 && kind == NFTA_EXPR_NAME && path[path.len() - 2] == NFTA_LIST_ELEM {
@@ -143,6 +153,21 @@ fn attributes(
         path.pop();
         bytes = &bytes[len.next_multiple_of(4).min(bytes.len())..];
     }
+}
+
+/// Set userdata without our digest TLV (nft writes none).
+fn without_digest(udata: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = udata;
+    while let [kind, len, tail @ ..] = rest {
+        let len = usize::from(*len).min(tail.len());
+        if *kind != UDATA_SET_CONTENT_DIGEST {
+            out.extend_from_slice(&rest[..2 + len]);
+        }
+        rest = &tail[len..];
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 fn describe_all(messages: &[Vec<u8>]) -> Vec<String> {
@@ -222,6 +247,36 @@ fn full_and_partial_syncs_are_encoded_as_nft_encodes_them() {
     for fixture in syncs {
         check(fixture);
     }
+}
+
+#[test]
+fn a_numgen_map_carries_the_digest_of_its_elements() {
+    use super::{parse, sets};
+    let chains = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let digest = |set: &sets::AnonSet| {
+        parse::udata(&set.decl.udata, UDATA_SET_CONTENT_DIGEST)
+            .expect("a digest")
+            .to_vec()
+    };
+    let a = sets::numgen_vmap(1, &chains(&["endpoint-a", "endpoint-b"]));
+    assert_eq!(digest(&a), sets::content_digest(&a.elements));
+    // The set's number in the batch does not count; every element's value does.
+    let again = sets::numgen_vmap(9, &chains(&["endpoint-a", "endpoint-b"]));
+    assert_eq!(digest(&a), digest(&again));
+    for other in [
+        chains(&["endpoint-a", "endpoint-c"]),
+        chains(&["endpoint-b", "endpoint-a"]),
+        chains(&["endpoint-a"]),
+        chains(&["endpoint-a", "endpoint-b", "endpoint-b"]),
+    ] {
+        assert_ne!(
+            digest(&a),
+            digest(&sets::numgen_vmap(1, &other)),
+            "{other:?}"
+        );
+    }
+    // Taken out, what is left is what nft writes (the fixtures hold the rest).
+    assert_eq!(without_digest(&a.decl.udata).len() + 18, a.decl.udata.len());
 }
 
 #[test]

@@ -52,7 +52,7 @@ fn the_stages_in_order_are_the_transaction_and_leave_the_same_table() {
         // Two numgen maps per Service (its ports with two endpoints each).
         assert!(total >= 80, "{family}: {total} anonymous sets");
         for per_stage in [1, 7, 25, total, total + 1] {
-            let parts = stages(tx.clone(), per_stage);
+            let parts: Vec<_> = stages(tx.clone(), per_stage).collect();
             let expected = total.div_ceil(per_stage);
             assert_eq!(parts.len(), expected, "{family}, {per_stage} per stage");
             // Each stage names its anonymous sets after those of the stages before it.
@@ -90,11 +90,11 @@ fn a_transaction_without_anonymous_sets_stays_whole() {
     let mut tx = Transaction::new(IpFamily::V4);
     tx.add(Object::Table { comment: None });
     tx.add(Object::chain("a"));
-    let parts = stages(tx.clone(), 1);
+    let parts: Vec<_> = stages(tx.clone(), 1).collect();
     assert_eq!(parts.len(), 1);
     assert_eq!(parts[0].ops, tx.ops);
     assert_eq!(parts[0].anonymous_names_from, Some(0));
-    let empty = stages(Transaction::new(IpFamily::V6), 10);
+    let empty: Vec<_> = stages(Transaction::new(IpFamily::V6), 10).collect();
     assert_eq!(empty.len(), 1);
     assert!(empty[0].is_empty());
 }
