@@ -412,6 +412,17 @@ fn dataplane(rec: &mut Record, opts: &Opts, client: &str) -> Result<()> {
     }
     set(rec, "dp_clusterip_cps", median(&vs));
     set(rec, "dp_direct_cps", median(&ds));
+    // The two proxies' turns run minutes apart, and the machine's own rate moves between
+    // them; each rep's direct load, just after its ClusterIP load, is the yardstick.
+    let relative: Vec<f64> = vs
+        .iter()
+        .zip(&ds)
+        .filter(|(_, d)| **d > 0.0)
+        .map(|(v, d)| v / d)
+        .collect();
+    if !relative.is_empty() {
+        set(rec, "dp_clusterip_rel", median(&relative));
+    }
     Ok(())
 }
 

@@ -379,6 +379,11 @@ pub fn render(opts: &Opts, records: &[Record], info: &Info, states: &[State]) ->
                         "straight to the pod's address (no DNAT; the same node, same run)",
                         false,
                     ),
+                    row(
+                        "dp_clusterip_rel",
+                        "through the ClusterIP / straight to the pod, each rep's pair (what the target compares: the machine's rate moves between the two proxies' turns)",
+                        false,
+                    ),
                 ],
             );
         }

@@ -198,9 +198,9 @@ const TARGETS: &[Target] = &[
         },
     },
     Target {
-        what: "data plane: new connections/s through a ClusterIP",
+        what: "data plane: new connections/s through a ClusterIP, relative to straight to the pod in the same turn",
         size: size(10_000, 10),
-        key: "dp_clusterip_cps",
+        key: "dp_clusterip_rel",
         goal: Goal::Within { frac: 0.05 },
     },
 ];
