@@ -268,20 +268,21 @@ impl Netlink {
         family: IpFamily,
         wanted: Arc<Transaction>,
     ) -> Result<Option<Listing>, ReadError> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || this.read_table_blocking(family, Some(&wanted)))
-            .await
-            .map_err(|e| {
-                ReadError::Socket(SocketError::Receive(io::Error::other(format!(
-                    "the reading thread failed: {e}"
-                ))))
-            })?
+        self.read_on_thread(family, Some(wanted)).await
     }
 
     /// Reads `family`'s table back from async code, on a blocking thread.
     pub async fn read_table(&self, family: IpFamily) -> Result<Option<Listing>, ReadError> {
+        self.read_on_thread(family, None).await
+    }
+
+    async fn read_on_thread(
+        &self,
+        family: IpFamily,
+        wanted: Option<Arc<Transaction>>,
+    ) -> Result<Option<Listing>, ReadError> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.read_table_blocking(family, None))
+        tokio::task::spawn_blocking(move || this.read_table_blocking(family, wanted.as_deref()))
             .await
             .map_err(|e| {
                 ReadError::Socket(SocketError::Receive(io::Error::other(format!(

@@ -30,7 +30,7 @@ use super::consts::*;
 use super::decode::{self, RawElement, RawSet};
 use super::lower::{self, SetIds};
 use super::parse::{self, Malformed, Message};
-use super::sets::{self, ContentDigest, FamilyInfo};
+use super::sets::{ContentDigest, FamilyInfo};
 use super::socket::{NfSocket, SocketError};
 use super::unexpr::{self, Item};
 use super::unlower::{self, Anonymous};
@@ -191,9 +191,12 @@ fn known_maps(tx: &Transaction) -> HashMap<ContentDigest, Vec<RawElement>> {
             continue;
         };
         for set in lowered.anonymous {
-            if parse::udata(&set.decl.udata, UDATA_SET_CONTENT_DIGEST).is_none() {
+            // The digest the map's declaration carries, as written: not computed again.
+            let Some(digest) = parse::udata(&set.decl.udata, UDATA_SET_CONTENT_DIGEST)
+                .and_then(|d| ContentDigest::try_from(d).ok())
+            else {
                 continue;
-            }
+            };
             let elements = set
                 .elements
                 .iter()
@@ -210,7 +213,7 @@ fn known_maps(tx: &Transaction) -> HashMap<ContentDigest, Vec<RawElement>> {
                     }
                 })
                 .collect();
-            out.insert(sets::content_digest(&set.elements), elements);
+            out.insert(digest, elements);
         }
     }
     out
