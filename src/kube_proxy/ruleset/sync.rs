@@ -27,6 +27,9 @@ use super::settings::Settings;
 use super::skeleton::{self, ELEMENT_CONTAINERS};
 use crate::kube_proxy::model::{Endpoint, ServiceName, ServicePort, ServicePortName};
 use crate::kube_proxy::nft::objects::{Key, Object, SetKind, SetSpec, Transaction, Verdict};
+use chain_names::ChainNames;
+
+mod chain_names;
 
 /// How long a flushed chain waits before it is deleted.
 pub const STALE_CHAIN_DELAY: Duration = Duration::from_secs(1);
@@ -51,12 +54,13 @@ pub struct Wanted<'a> {
     pub zone: Option<&'a str>,
 }
 
-/// What a Service has in the table.
+/// What a Service has in the table. Boxed slices, not vectors: the view keeps one per Service
+/// for the life of the process, and a vector grown by pushes keeps room for four or more.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Owned {
-    chains: Vec<String>,
-    affinity_sets: Vec<String>,
-    keys: Vec<(&'static str, Key)>,
+    chains: ChainNames,
+    affinity_sets: Box<[String]>,
+    keys: Box<[(&'static str, Key)]>,
     no_local_internal: usize,
     no_local_external: usize,
 }
@@ -80,7 +84,66 @@ struct Slot {
 
 impl Slot {
     fn effective(&self) -> Option<&Claim> {
-        self.claims.iter().min_by(|a, b| a.owner.cmp(&b.owner))
+        effective(&self.claims)
+    }
+}
+
+fn effective(claims: &[Claim]) -> Option<&Claim> {
+    claims.iter().min_by(|a, b| a.owner.cmp(&b.owner))
+}
+
+/// A slot as the view keeps it between syncs. What the kernel holds is nearly always what the
+/// effective claim wants, so that case is a mark, not a second copy of the verdict's chain
+/// name and the comment: at 10,000 Services the view holds tens of thousands of slots.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct KeptSlot {
+    kernel: KernelHeld,
+    /// Nearly always one claim: a vector would keep room for four.
+    claims: Box<[Claim]>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum KernelHeld {
+    Absent,
+    /// The effective claim's value and comment.
+    Effective,
+    Other(Box<Held>),
+}
+
+impl KeptSlot {
+    fn keep(slot: Slot) -> KeptSlot {
+        let Slot { kernel, claims } = slot;
+        let kernel = match kernel {
+            None => KernelHeld::Absent,
+            Some(held) => {
+                let same =
+                    effective(&claims).is_some_and(|c| c.value == held.0 && c.comment == held.1);
+                if same {
+                    KernelHeld::Effective
+                } else {
+                    KernelHeld::Other(Box::new(held))
+                }
+            }
+        };
+        KeptSlot {
+            kernel,
+            claims: claims.into_boxed_slice(),
+        }
+    }
+
+    /// The slot a plan works on.
+    fn working(&self) -> Slot {
+        let kernel = match &self.kernel {
+            KernelHeld::Absent => None,
+            KernelHeld::Effective => {
+                effective(&self.claims).map(|c| (c.value.clone(), c.comment.clone()))
+            }
+            KernelHeld::Other(held) => Some((**held).clone()),
+        };
+        Slot {
+            kernel,
+            claims: self.claims.to_vec(),
+        }
     }
 }
 
@@ -89,7 +152,7 @@ impl Slot {
 pub struct KernelView {
     /// Whether a full sync has gone in since the process started (or since a failure).
     built: bool,
-    slots: HashMap<(&'static str, Key), Slot>,
+    slots: HashMap<(&'static str, Key), KeptSlot>,
     services: HashMap<ServiceName, Owned>,
     stale_chains: HashMap<String, Instant>,
     no_local_internal: usize,
@@ -252,6 +315,9 @@ impl KernelView {
             let mut owned = Owned::default();
             let mut owned_keys: HashSet<(&'static str, Key)> = HashSet::new();
             let mut owned_chains: HashSet<String> = HashSet::new();
+            let mut chain_order: Vec<String> = Vec::new();
+            let mut keys = Vec::new();
+            let mut affinity_sets: Vec<String> = Vec::new();
             let mut chain_rules = Vec::new();
             if let Some(ports) = rendered {
                 for port in ports {
@@ -259,7 +325,7 @@ impl KernelView {
                     owned.no_local_external += usize::from(port.no_local_external);
                     for chain in &port.chains {
                         if owned_chains.insert(chain.name.clone()) {
-                            owned.chains.push(chain.name.clone());
+                            chain_order.push(chain.name.clone());
                             tx.add(Object::chain(chain.name.clone()));
                             tx.flush(Object::chain(chain.name.clone()));
                         }
@@ -276,7 +342,7 @@ impl KernelView {
                             element_ops.push(slot_key.clone());
                             let mut slot = match kind {
                                 SyncKind::Full => Slot::default(),
-                                _ => self.slots.get(&slot_key).cloned().unwrap_or_default(),
+                                _ => self.slot(&slot_key),
                             };
                             if kind == SyncKind::Refresh {
                                 slot.kernel = None;
@@ -286,7 +352,10 @@ impl KernelView {
                         if owned_keys.insert(slot_key.clone()) {
                             // A Service claims a key once, with its first value.
                             slot.claims.retain(|c| &c.owner != name);
-                            owned.keys.push(slot_key.clone());
+                            keys.push(slot_key.clone());
+                            // Room for this claim only: nearly every key has one, and a
+                            // first push would make room for four.
+                            slot.claims.reserve_exact(1);
                             slot.claims.push(Claim {
                                 owner: name.clone(),
                                 value,
@@ -295,14 +364,17 @@ impl KernelView {
                         }
                     }
                     for (set, timeout) in port.affinity_sets {
-                        if !owned.affinity_sets.contains(&set) {
+                        if !affinity_sets.contains(&set) {
                             tx.add(affinity_set(settings, &set, timeout));
-                            owned.affinity_sets.push(set);
+                            affinity_sets.push(set);
                         }
                     }
                     chain_rules.extend(port.chains);
                 }
             }
+            owned.chains = ChainNames::new(chain_order.iter().map(String::as_str));
+            owned.keys = keys.into_boxed_slice();
+            owned.affinity_sets = affinity_sets.into_boxed_slice();
             // The keys this Service no longer claims.
             if let Some(old) = old {
                 for slot_key in &old.keys {
@@ -311,7 +383,7 @@ impl KernelView {
                     }
                     let slot = touched.entry(slot_key.clone()).or_insert_with(|| {
                         element_ops.push(slot_key.clone());
-                        let mut slot = self.slots.get(slot_key).cloned().unwrap_or_default();
+                        let mut slot = self.slot(slot_key);
                         if kind == SyncKind::Refresh {
                             slot.kernel = None;
                         }
@@ -319,9 +391,9 @@ impl KernelView {
                     });
                     slot.claims.retain(|c| &c.owner != name);
                 }
-                for chain in &old.chains {
+                for chain in old.chains.iter() {
                     if !owned_chains.contains(chain) {
-                        stale_flush.push(chain.clone());
+                        stale_flush.push(chain.to_owned());
                     }
                 }
                 for set in &old.affinity_sets {
@@ -330,9 +402,9 @@ impl KernelView {
                     }
                 }
             }
-            for chain in &owned.chains {
+            for chain in owned.chains.iter() {
                 if self.stale_chains.contains_key(chain) && kind != SyncKind::Full {
-                    commit.stale_revived.push(chain.clone());
+                    commit.stale_revived.push(chain.to_owned());
                 }
             }
             for chain in chain_rules {
@@ -346,13 +418,26 @@ impl KernelView {
             commit.services.push((name.clone(), keep.then_some(owned)));
         }
 
-        // Elements: adds (and delete + add for a changed value) first, leftovers last.
-        let mut deletes = Vec::new();
+        // The touched slots in the order they were first met, in a vector of their size that
+        // becomes the commit's: the map and the order are gone before the transaction grows,
+        // since at a full sync the end of this plan is the moment it holds the most.
+        let mut ordered = Vec::with_capacity(element_ops.len());
         for slot_key in element_ops {
-            let Some(mut slot) = touched.remove(&slot_key) else {
-                continue;
-            };
-            let (set, key) = &slot_key;
+            if let Some(slot) = touched.remove(&slot_key) {
+                ordered.push((slot_key, slot));
+            }
+        }
+        drop(touched);
+
+        // Elements: adds (and delete + add for a changed value) first, leftovers last. The
+        // room for them is made once, to size: at a full sync they are most of the
+        // transaction, and growing by doubling would hold the old buffer beside one twice as
+        // large.
+        tx.ops
+            .reserve_exact(ordered.len() + stale_flush.len() + stale_sets.len());
+        let mut deletes = Vec::new();
+        for (slot_key, slot) in &mut ordered {
+            let (set, key) = &*slot_key;
             let wanted: Option<Held> = slot
                 .effective()
                 .map(|c| (c.value.clone(), c.comment.clone()));
@@ -374,8 +459,8 @@ impl KernelView {
                 }
                 (None, None) => {}
             }
-            commit.slots.push((slot_key, slot));
         }
+        commit.slots = ordered;
         for chain in &stale_flush {
             tx.flush(Object::chain(chain.clone()));
         }
@@ -415,6 +500,7 @@ impl KernelView {
             if slot.kernel.is_none() && slot.claims.is_empty() {
                 self.slots.remove(&key);
             } else {
+                let slot = KeptSlot::keep(slot);
                 match self.slots.entry(key) {
                     Entry::Occupied(mut e) => *e.get_mut() = slot,
                     Entry::Vacant(e) => {
@@ -429,6 +515,14 @@ impl KernelView {
         for chain in commit.stale_added {
             self.stale_chains.insert(chain, now);
         }
+    }
+
+    /// A key's slot as a plan starts from it.
+    fn slot(&self, key: &(&'static str, Key)) -> Slot {
+        self.slots
+            .get(key)
+            .map(KeptSlot::working)
+            .unwrap_or_default()
     }
 
     /// Services and chains in the view (for tests and status).

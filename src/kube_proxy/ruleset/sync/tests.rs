@@ -340,3 +340,43 @@ fn random_changes_always_leave_what_a_full_sync_would() {
         }
     }
 }
+
+#[test]
+fn a_kept_slot_gives_back_what_the_kernel_holds() {
+    let claim = |owner: &str, chain: &str| Claim {
+        owner: ServiceName::new("ns", owner),
+        value: Some(Verdict::Goto(chain.into())),
+        comment: Some(format!("ns/{owner}")),
+    };
+    let claims = vec![claim("b", "service-b"), claim("a", "service-a")];
+    let held = |chain: &str, owner: &str| {
+        Some((
+            Some(Verdict::Goto(chain.into())),
+            Some(format!("ns/{owner}")),
+        ))
+    };
+    for kernel in [
+        None,
+        held("service-a", "a"),
+        held("service-b", "b"),
+        held("gone", "x"),
+    ] {
+        let slot = Slot {
+            kernel: kernel.clone(),
+            claims: claims.clone(),
+        };
+        let kept = KeptSlot::keep(slot.clone());
+        // Only the effective claim's value (Service "a" sorts first) is kept as a mark.
+        assert_eq!(
+            matches!(kept.kernel, KernelHeld::Effective),
+            kernel == held("service-a", "a"),
+            "{kernel:?}"
+        );
+        assert_eq!(kept.working(), slot);
+    }
+    let orphan = Slot {
+        kernel: held("service-a", "a"),
+        claims: Vec::new(),
+    };
+    assert_eq!(KeptSlot::keep(orphan.clone()).working(), orphan);
+}
