@@ -37,7 +37,7 @@ impl Apiserver {
     /// [`start`](Self::start) with more of start.sh's knobs (the benchmarks: `KUBE_BIN_DIR`,
     /// `KUBE_ETCD_DATA` for a populated cluster, `KUBE_START_TIMEOUT`).
     pub fn start_with(dir: &Path, env: &[(&str, &str)]) -> Apiserver {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kube/start.sh");
+        let script = super::repo_file("tests/kube/start.sh");
         let out = std::process::Command::new("bash")
             .arg(script)
             .arg(dir)
@@ -196,7 +196,7 @@ impl Apiserver {
 
 impl Drop for Apiserver {
     fn drop(&mut self) {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kube/stop.sh");
+        let script = super::repo_file("tests/kube/stop.sh");
         let _ = std::process::Command::new("bash")
             .arg(script)
             .arg(&self.dir)

@@ -255,10 +255,7 @@ impl Harness {
             .prefix(&format!("{}.", node::prefix()))
             .tempdir()
             .expect("tempdir");
-        let agent = PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/kube_proxy/netagent.py"
-        ));
+        let agent = super::repo_file("tests/kube_proxy/netagent.py");
         let api = Apiserver::start(&dir.path().join("kube"));
         let kube = Kube::connect(&api, NS);
         kube.ensure_namespace(BARRIER_NS);
@@ -999,7 +996,12 @@ pub fn artefacts() -> PathBuf {
     } else {
         target.replace('_', "-")
     };
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name)
+    // Cargo sets CARGO_TARGET_TMPDIR for tests only; the benchmark tool, which builds this
+    // harness into a program of its own, keeps its files in the system's temporary directory.
+    option_env!("CARGO_TARGET_TMPDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir)
+        .join(name)
 }
 
 /// "a, b, c": the sides' labels.

@@ -21,7 +21,20 @@ pub mod procs;
 pub mod proxy;
 pub mod ruleset;
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+/// A file of this repository. The harness is built into the tests, whose package is the
+/// repository's root, and into the benchmark tool, whose package is `benches/konn_bench`.
+pub fn repo_file(relative: &str) -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = if env!("CARGO_PKG_NAME") == "konn-bench" {
+        manifest.join("../..")
+    } else {
+        manifest.to_path_buf()
+    };
+    root.join(relative)
+}
 
 /// The Node both proxies run as (`--hostname-override`).
 pub const NODE_NAME: &str = "node-a";

@@ -81,7 +81,7 @@ fn hard_cleanup(tmp: &Path) {
             let _ = Command::new("ip").args(["netns", "del", name]).status();
         }
     }
-    let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/kube/stop.sh");
+    let stop = harness::repo_file("tests/kube/stop.sh");
     let mut dirs = vec![tmp.to_path_buf()];
     while let Some(d) = dirs.pop() {
         let Ok(entries) = std::fs::read_dir(&d) else {
@@ -91,7 +91,7 @@ fn hard_cleanup(tmp: &Path) {
             let p = e.path();
             if p.file_name().is_some_and(|n| n == "env") && p.parent().is_some() {
                 let _ = Command::new("bash")
-                    .arg(stop)
+                    .arg(&stop)
                     .arg(p.parent().unwrap_or(&d))
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())

@@ -79,10 +79,7 @@ pub struct Node {
 
 impl Node {
     pub fn create(side: &str, dir: &Path, cluster: &Cluster) -> Result<Node> {
-        let agent = PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/kube_proxy/netagent.py"
-        ));
+        let agent = super::harness::repo_file("tests/kube_proxy/netagent.py");
         let ns = NodeNs::create(side, dir, &agent);
         let relay = api::node_relay(
             &ns.node,
