@@ -28,8 +28,8 @@ const ENDPOINTS: usize = 10;
 
 /// Bytes the view may keep per Service once the first sync is in (measured: 721).
 const CEILING_VIEW_PER_SERVICE: i64 = 800;
-/// Bytes the planning of the first sync may hold at its peak, per Service (measured: 2,136).
-const CEILING_PLAN_PEAK_PER_SERVICE: i64 = 2_400;
+/// Bytes the planning of the first sync may hold at its peak, per Service (measured: 1,883).
+const CEILING_PLAN_PEAK_PER_SERVICE: i64 = 2_100;
 
 thread_local! {
     static COUNTING: Cell<bool> = const { Cell::new(false) };

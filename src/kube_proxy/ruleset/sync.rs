@@ -75,10 +75,11 @@ struct Claim {
 /// An element as the kernel holds it: its value and comment.
 type Held = (Option<Verdict>, Option<String>);
 
-/// One key of one set or map: what the kernel holds, and which Services want it.
+/// One key of one set or map: what the kernel holds, and which Services want it. The held
+/// value is boxed: a full sync's plan holds a slot for every key, none of them with one.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Slot {
-    kernel: Option<Held>,
+    kernel: Option<Box<Held>>,
     claims: Vec<Claim>,
 }
 
@@ -121,7 +122,7 @@ impl KeptSlot {
                 if same {
                     KernelHeld::Effective
                 } else {
-                    KernelHeld::Other(Box::new(held))
+                    KernelHeld::Other(held)
                 }
             }
         };
@@ -136,9 +137,9 @@ impl KeptSlot {
         let kernel = match &self.kernel {
             KernelHeld::Absent => None,
             KernelHeld::Effective => {
-                effective(&self.claims).map(|c| (c.value.clone(), c.comment.clone()))
+                effective(&self.claims).map(|c| Box::new((c.value.clone(), c.comment.clone())))
             }
-            KernelHeld::Other(held) => Some((**held).clone()),
+            KernelHeld::Other(held) => Some(held.clone()),
         };
         Slot {
             kernel,
@@ -441,17 +442,17 @@ impl KernelView {
             let wanted: Option<Held> = slot
                 .effective()
                 .map(|c| (c.value.clone(), c.comment.clone()));
-            match (&slot.kernel, wanted) {
+            match (slot.kernel.as_deref(), wanted) {
                 (Some(have), Some(want)) if *have == want => {}
                 (Some(_), Some(want)) => {
                     // A changed value (or, where two Services claim the key, comment).
                     tx.delete(element(set, key, None, None));
                     tx.add(element(set, key, want.0.clone(), want.1.clone()));
-                    slot.kernel = Some(want);
+                    slot.kernel = Some(Box::new(want));
                 }
                 (None, Some(want)) => {
                     tx.add(element(set, key, want.0.clone(), want.1.clone()));
-                    slot.kernel = Some(want);
+                    slot.kernel = Some(Box::new(want));
                 }
                 (Some(_), None) => {
                     deletes.push(element(set, key, None, None));

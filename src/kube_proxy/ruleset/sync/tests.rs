@@ -350,10 +350,10 @@ fn a_kept_slot_gives_back_what_the_kernel_holds() {
     };
     let claims = vec![claim("b", "service-b"), claim("a", "service-a")];
     let held = |chain: &str, owner: &str| {
-        Some((
+        Some(Box::new((
             Some(Verdict::Goto(chain.into())),
             Some(format!("ns/{owner}")),
-        ))
+        )))
     };
     for kernel in [
         None,
